@@ -1,0 +1,100 @@
+"""Which generated steps are answer steps, and whether a trial passes the gate.
+
+method.md Sec. 2 "Which steps count" (Gema, Alex & Minervini 2026, arXiv 2607.01002):
+a trial is kept when the ROUGE-1 recall of the response against the gold answer is
+> 0.5 (``rouge_score``, stemmer on); its answer steps are the first exact contiguous
+occurrence of the tokenized gold answer (with or without a leading space) in the
+generated ids, else the steps whose characters overlap a case-insensitive match of
+the answer in the response.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any
+
+from locos_tl.errors import TrialError
+
+GATE_THRESHOLD = 0.5
+
+
+@lru_cache(maxsize=4)
+def _scorer(kind: str) -> Any:
+    from rouge_score import rouge_scorer
+
+    return rouge_scorer.RougeScorer([kind], use_stemmer=True)
+
+
+def rouge1_recall(response: str, answer: str) -> float:
+    """ROUGE-1 recall of ``response`` against ``answer`` (stemmer on), in [0, 1]."""
+    return float(_scorer("rouge1").score(answer, response)["rouge1"].recall)
+
+
+def rougeL_f(response: str, answer: str) -> float:
+    """ROUGE-L F-measure of ``response`` against ``answer`` (stemmer on), in [0, 1]."""
+    return float(_scorer("rougeL").score(answer, response)["rougeL"].fmeasure)
+
+
+def passes_gate(response: str, answer: str, threshold: float = GATE_THRESHOLD) -> bool:
+    """The LOCOS trial gate: ROUGE-1 recall > ``threshold`` (0.5)."""
+    return rouge1_recall(response, answer) > threshold
+
+
+def answer_token_variants(tokenizer: Any, answer: str) -> list[list[int]]:
+    """Tokenizations of the answer without and with a leading space.
+
+    Raises:
+        TrialError: the answer tokenizes to nothing.
+    """
+    out: list[list[int]] = []
+    for text in (answer.strip(), " " + answer.strip()):
+        ids = list(tokenizer.encode(text, add_special_tokens=False))
+        if ids and ids not in out:
+            out.append(ids)
+    if not out:
+        raise TrialError(f"gold answer {answer!r} tokenizes to nothing")
+    return out
+
+
+def _find_sublist(hay: Sequence[int], needle: Sequence[int]) -> int:
+    n = len(needle)
+    for i in range(len(hay) - n + 1):
+        if list(hay[i : i + n]) == list(needle):
+            return i
+    return -1
+
+
+def answer_steps(tokenizer: Any, generated: Sequence[int], answer: str) -> list[int]:
+    """0-based indices of the generated steps that produce the gold answer.
+
+    Args:
+        tokenizer: the model's tokenizer.
+        generated: greedy token ids.
+        answer: gold answer string.
+
+    Returns:
+        Step indices (possibly empty when the answer is not in the response).
+
+    Raises:
+        TrialError: the answer tokenizes to nothing.
+    """
+    variants = answer_token_variants(tokenizer, answer)
+    hits = [(i, len(v)) for v in variants if (i := _find_sublist(generated, v)) >= 0]
+    if hits:
+        i, n = min(hits)
+        return list(range(i, i + n))
+    # character fallback: decode token by token, overlap with a case-insensitive match
+    pieces = [tokenizer.decode([g]) for g in generated]
+    text = "".join(pieces)
+    m = re.search(re.escape(answer.strip()), text, flags=re.IGNORECASE)
+    if m is None:
+        return []
+    steps, pos = [], 0
+    for i, p in enumerate(pieces):
+        a, b = pos, pos + len(p)
+        if b > m.start() and a < m.end():
+            steps.append(i)
+        pos = b
+    return steps

@@ -1,0 +1,19 @@
+"""Exceptions raised by locos_tl. All derive from :class:`LocosError`."""
+
+
+class LocosError(Exception):
+    """Base class of every error locos_tl raises on bad input."""
+
+
+class TrialError(LocosError, ValueError):
+    """A trial is malformed: needle not found or not token-aligned, empty answer,
+    prompt longer than the model's context."""
+
+
+class ModelLoadError(LocosError, ValueError):
+    """A model could not be loaded: unknown name, missing directory, or an
+    architecture TransformerLens cannot bridge."""
+
+
+class DataFormatError(LocosError, ValueError):
+    """An input data file (needle set, probe file, haystack) is malformed."""

@@ -1,0 +1,279 @@
+"""``HeadScores``: per-head scores of one method, built from per-trial records.
+
+Aggregation (method.md Sec. 2): head score = mean over accepted trials of the per-trial
+score; also the step-pooled mean (every used step weighted equally) and a bootstrap
+95 % CI over trials (1000 resamples, seeded).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+from einops import rearrange
+from jaxtyping import Float
+from torch import Tensor
+
+from locos_tl.errors import DataFormatError
+
+Head = tuple[int, int]
+
+
+def head_label(layer: int, head: int) -> str:
+    """``"L{layer}H{head}"``, the TransformerLens label of a head."""
+    return f"L{layer}H{head}"
+
+
+@dataclass
+class HeadScores:
+    """Scores of every attention head under one method.
+
+    Attributes:
+        method: ``"locos"``, ``"wu"``, ``"headkv"``, ``"attention_spatial"``, ``"dla"``,
+            ``"cri"``, or another name.
+        trial_scores: ``[n_trials, n_layers, n_heads]`` per accepted trial (NaN where a
+            head has no value for a trial). Units: logits for ``locos``/``dla``/``cri``,
+            probability for the attention baselines.
+        trial_ids: ids of the accepted trials, in order.
+        variant: unembedding variant (``"raw"``/``"exact"``) or ``""``.
+        step_scores: ``[n_steps, n_layers, n_heads]`` values of every used step of every
+            accepted trial (for the step-pooled mean), or None.
+        meta: provenance (model, versions, seed, trial-set hash, counts of dropped trials).
+        seed: seed of the bootstrap.
+    """
+
+    method: str
+    trial_scores: Float[Tensor, "n_trials n_layers n_heads"]
+    trial_ids: list[str] = field(default_factory=list)
+    variant: str = ""
+    step_scores: Float[Tensor, "n_steps n_layers n_heads"] | None = None
+    meta: dict[str, Any] = field(default_factory=dict)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.trial_scores = torch.as_tensor(self.trial_scores, dtype=torch.float64)
+        if self.trial_scores.ndim != 3:
+            raise ValueError(
+                f"trial_scores must be [n_trials, n_layers, n_heads], got {tuple(self.trial_scores.shape)}"
+            )
+        if self.step_scores is not None:
+            self.step_scores = torch.as_tensor(self.step_scores, dtype=torch.float64)
+
+    # -- shape ------------------------------------------------------------------
+    @property
+    def n_trials(self) -> int:
+        return int(self.trial_scores.shape[0])
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.trial_scores.shape[1])
+
+    @property
+    def n_heads(self) -> int:
+        return int(self.trial_scores.shape[2])
+
+    # -- aggregates -------------------------------------------------------------
+    @cached_property
+    def scores(self) -> Float[Tensor, "n_layers n_heads"]:
+        """Mean over accepted trials of the per-trial score (NaN with no trial)."""
+        if self.n_trials == 0:
+            return torch.full((self.n_layers, self.n_heads), float("nan"), dtype=torch.float64)
+        return torch.nanmean(self.trial_scores, 0)
+
+    @cached_property
+    def pooled(self) -> Float[Tensor, "n_layers n_heads"] | None:
+        """Step-pooled mean over every used step of every accepted trial, or None."""
+        if self.step_scores is None or self.step_scores.shape[0] == 0:
+            return None
+        return torch.nanmean(self.step_scores, 0)
+
+    @cached_property
+    def ci(self) -> tuple[Tensor, Tensor]:
+        """Bootstrap 95 % CI of :attr:`scores` over trials (1000 resamples, ``seed``)."""
+        return self.bootstrap_ci()
+
+    def bootstrap_ci(
+        self, n_resamples: int = 1000, level: float = 0.95
+    ) -> tuple[Float[Tensor, "n_layers n_heads"], Float[Tensor, "n_layers n_heads"]]:
+        """Percentile bootstrap CI of the mean over trials.
+
+        Returns:
+            ``(low, high)``, each ``[n_layers, n_heads]``; NaN with fewer than 2 trials.
+        """
+        n = self.n_trials
+        shape = (self.n_layers, self.n_heads)
+        if n < 2:
+            nan = torch.full(shape, float("nan"), dtype=torch.float64)
+            return nan, nan.clone()
+        rng = np.random.default_rng(self.seed)
+        flat = self.trial_scores.reshape(n, -1).numpy()
+        means = np.empty((n_resamples, flat.shape[1]))
+        for i in range(0, n_resamples, 100):
+            idx = rng.integers(0, n, size=(min(100, n_resamples - i), n))
+            means[i : i + len(idx)] = np.nanmean(flat[idx], axis=1)
+        a = (1 - level) / 2
+        low, high = np.nanquantile(means, [a, 1 - a], axis=0)
+        return (torch.from_numpy(low).reshape(shape), torch.from_numpy(high).reshape(shape))
+
+    # -- rankings ---------------------------------------------------------------
+    def ranked(self, descending: bool = True) -> list[Head]:
+        """All heads ordered by score (NaN last), ties broken by (layer, head)."""
+        flat = self.scores.flatten().clone()
+        fill = float("-inf") if descending else float("inf")
+        flat[torch.isnan(flat)] = fill
+        order = sorted(range(flat.numel()), key=lambda i: (-flat[i] if descending else flat[i], i))
+        return [divmod(i, self.n_heads) for i in order]
+
+    def top_k(self, k: int) -> list[Head]:
+        """The ``k`` highest-scoring heads as ``(layer, head)`` pairs."""
+        return self.ranked(True)[:k]
+
+    def bottom_k(self, k: int) -> list[Head]:
+        """The ``k`` lowest-scoring heads (the bottom-k ablation control)."""
+        return self.ranked(False)[:k]
+
+    # -- tables and files -------------------------------------------------------
+    def to_frame(self) -> pd.DataFrame:
+        """One row a head: ``layer, head, label, score, ci_low, ci_high, pooled,
+        n_trials, method, variant``, sorted by score descending."""
+        low, high = self.ci
+        L, H = self.n_layers, self.n_heads
+        layer, head = np.divmod(np.arange(L * H), H)
+        pooled = self.pooled
+        df = pd.DataFrame(
+            {
+                "layer": layer,
+                "head": head,
+                "label": [head_label(int(a), int(b)) for a, b in zip(layer, head, strict=True)],
+                "score": self.scores.flatten().numpy(),
+                "ci_low": low.flatten().numpy(),
+                "ci_high": high.flatten().numpy(),
+                "pooled": pooled.flatten().numpy() if pooled is not None else np.nan,
+                "n_trials": self.n_trials,
+                "method": self.method,
+                "variant": self.variant,
+            }
+        )
+        return df.sort_values(["score", "layer", "head"], ascending=[False, True, True],
+                              na_position="last").reset_index(drop=True)
+
+    def to_reference_dict(self) -> dict[str, list[float]]:
+        """The reference implementation's format: ``{"layer-head": [per-trial scores]}``."""
+        flat = rearrange(self.trial_scores, "trial layer head -> (layer head) trial")
+        return {
+            f"{i // self.n_heads}-{i % self.n_heads}": [float(x) for x in flat[i].tolist()]
+            for i in range(flat.shape[0])
+        }
+
+    def to_reference_json(self, path: str | Path) -> Path:
+        """Write :meth:`to_reference_dict` as JSON."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(self.to_reference_dict()))
+        return path
+
+    @classmethod
+    def from_reference_json(
+        cls, path: str | Path, *, method: str = "locos", n_layers: int | None = None,
+        n_heads: int | None = None,
+    ) -> HeadScores:
+        """Read a ``{"layer-head": [per-trial scores]}`` file (heads ranked by mean).
+
+        Lists of unequal length are padded with NaN. ``n_layers``/``n_heads`` default to
+        the largest indices present plus one.
+
+        Raises:
+            DataFormatError: not a JSON object of ``"l-h"`` keys to lists of numbers.
+        """
+        path = Path(path)
+        try:
+            raw = json.loads(path.read_text())
+            items = {tuple(int(x) for x in k.split("-")): [float(v) for v in vs]
+                     for k, vs in raw.items()}
+        except (OSError, ValueError, AttributeError, TypeError) as exc:
+            raise DataFormatError(f"{path}: not a head-score file ({exc})") from exc
+        if not items or any(len(k) != 2 for k in items):
+            raise DataFormatError(f"{path}: keys must look like 'layer-head', e.g. '14-3'")
+        L = n_layers or max(k[0] for k in items) + 1
+        H = n_heads or max(k[1] for k in items) + 1
+        T = max(len(v) for v in items.values())
+        arr = torch.full((T, L, H), float("nan"), dtype=torch.float64)
+        for (l, h), vs in items.items():
+            arr[: len(vs), l, h] = torch.tensor(vs, dtype=torch.float64)
+        return cls(method=method, trial_scores=arr, meta={"source": str(path)})
+
+    def save(self, out_dir: str | Path) -> Path:
+        """Write ``heads.json`` (reference format), ``scores.csv`` (:meth:`to_frame`) and
+        ``head_scores.json`` (everything, for :meth:`load`) into ``out_dir``."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        self.to_reference_json(out / "heads.json")
+        self.to_frame().to_csv(out / "scores.csv", index=False)
+        full = {
+            "method": self.method,
+            "variant": self.variant,
+            "seed": self.seed,
+            "trial_ids": self.trial_ids,
+            "trial_scores": self.trial_scores.tolist(),
+            "step_scores": None if self.step_scores is None else self.step_scores.tolist(),
+            "meta": self.meta,
+        }
+        (out / "head_scores.json").write_text(json.dumps(full))
+        return out
+
+    @classmethod
+    def load(cls, out_dir: str | Path) -> HeadScores:
+        """Read what :meth:`save` wrote (``head_scores.json``; else ``heads.json``).
+
+        Raises:
+            FileNotFoundError: neither file exists in ``out_dir``.
+        """
+        out = Path(out_dir)
+        full_path = out / "head_scores.json"
+        if not full_path.exists():
+            if (out / "heads.json").exists():
+                return cls.from_reference_json(out / "heads.json")
+            raise FileNotFoundError(f"no head_scores.json or heads.json in {out}")
+        d = json.loads(full_path.read_text())
+        steps = d.get("step_scores")
+        trial_scores = torch.tensor(d["trial_scores"], dtype=torch.float64)
+        return cls(
+            method=d["method"],
+            trial_scores=trial_scores,
+            trial_ids=list(d.get("trial_ids", [])),
+            variant=d.get("variant", ""),
+            step_scores=None if steps is None else torch.tensor(steps, dtype=torch.float64),
+            meta=d.get("meta", {}),
+            seed=int(d.get("seed", 0)),
+        )
+
+    @classmethod
+    def from_records(
+        cls, records: Sequence[dict[str, Any]], method: str, *, n_layers: int, n_heads: int,
+        variant: str = "", meta: dict[str, Any] | None = None, seed: int = 0,
+    ) -> HeadScores:
+        """Aggregate per-trial records (see ``locos_tl.score``) for one method.
+
+        A record contributes when it was accepted and has a score for ``method``.
+        """
+        scores, ids, steps = [], [], []
+        for r in records:
+            s = (r.get("scores") or {}).get(method)
+            if not r.get("accepted") or s is None:
+                continue
+            scores.append(torch.tensor(s, dtype=torch.float64))
+            ids.append(r["trial_id"])
+            for st in (r.get("step_values") or {}).get(method, []):
+                steps.append(torch.tensor(st, dtype=torch.float64))
+        shape = (n_layers, n_heads)
+        trial_scores = torch.stack(scores) if scores else torch.zeros((0, *shape), dtype=torch.float64)
+        step_scores = torch.stack(steps) if steps else None
+        return cls(method=method, trial_scores=trial_scores, trial_ids=ids, variant=variant,
+                   step_scores=step_scores, meta=dict(meta or {}), seed=seed)

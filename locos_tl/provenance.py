@@ -1,0 +1,52 @@
+"""Provenance saved next to every result: versions, model, dtype, settings, seed."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import platform
+from importlib import metadata
+from typing import Any
+
+from locos_tl.models import model_name
+
+
+def _version(pkg: str) -> str | None:
+    try:
+        return metadata.version(pkg)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def provenance(model: Any = None, settings: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A JSON-serialisable provenance record.
+
+    Args:
+        model: the TransformerBridge used (name, dtype, weight-processing mode recorded).
+        settings: run settings (variant, seed, trial-set hash, ...), stored under
+            ``"settings"``.
+    """
+    out: dict[str, Any] = {
+        "created": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+        "versions": {
+            p: _version(p)
+            for p in ("locos_tl", "transformer-lens", "transformers", "torch")
+        },
+        "python": platform.python_version(),
+        "settings": dict(settings or {}),
+    }
+    if model is not None:
+        try:
+            dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+        except StopIteration:
+            dtype = None
+        out["model"] = {
+            "name": model_name(model),
+            "dtype": dtype,
+            "n_layers": int(model.cfg.n_layers),
+            "n_heads": int(model.cfg.n_heads),
+            "n_key_value_heads": int(getattr(model.cfg, "n_key_value_heads", None)
+                                     or model.cfg.n_heads),
+            "weight_processing": "compatibility" if getattr(model, "compatibility_mode", False)
+            else "raw_hf",
+        }
+    return out

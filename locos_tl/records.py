@@ -1,0 +1,76 @@
+"""Resumable run directories: one JSON line per finished trial, plus ``meta.json``.
+
+A rerun with the same settings skips finished trials; a crash loses at most the trial
+in flight (each record is flushed and fsynced when written).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from locos_tl.errors import LocosError
+
+RECORDS_FILE = "trials.jsonl"
+META_FILE = "meta.json"
+
+
+class RecordStore:
+    """Append-only JSON-lines store of per-trial records keyed by ``trial_id``.
+
+    Args:
+        out_dir: the run directory (created).
+        settings: the run's settings; a directory holding records written under other
+            settings (``check_keys``) is refused rather than mixed.
+        check_keys: which settings must match for resuming.
+
+    Raises:
+        LocosError: ``out_dir`` holds a run with different settings.
+    """
+
+    def __init__(self, out_dir: str | Path, settings: dict[str, Any],
+                 check_keys: Iterable[str] = ()) -> None:
+        self.dir = Path(out_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / RECORDS_FILE
+        meta_path = self.dir / META_FILE
+        if meta_path.exists() and self.path.exists():
+            old = json.loads(meta_path.read_text()).get("settings", {})
+            diff = [k for k in check_keys if k in old and old[k] != settings.get(k)]
+            if diff:
+                detail = ", ".join(f"{k}: {old[k]!r} != {settings.get(k)!r}" for k in diff)
+                raise LocosError(
+                    f"{self.dir} holds a run with other settings ({detail}); "
+                    "use another --out directory"
+                )
+        self.records: dict[str, dict[str, Any]] = {}
+        if self.path.exists():
+            for line in self.path.read_text().splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # a line cut by a crash: that trial reruns
+                    continue
+                self.records[rec["trial_id"]] = rec
+
+    def __contains__(self, trial_id: str) -> bool:
+        return trial_id in self.records
+
+    def get(self, trial_id: str) -> dict[str, Any] | None:
+        return self.records.get(trial_id)
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write one record durably (flush + fsync) and remember it."""
+        with self.path.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+        self.records[record["trial_id"]] = record
+
+    def write_meta(self, meta: dict[str, Any]) -> Path:
+        """Write ``meta.json`` (provenance and settings)."""
+        p = self.dir / META_FILE
+        p.write_text(json.dumps(meta, indent=2, default=str))
+        return p

@@ -1,0 +1,221 @@
+"""Scoring heads over trials: one greedy decode per trial feeds every detector.
+
+Pipeline per trial (method.md Sec. 2): free greedy decoding (at most
+``max_new_tokens``, stop at newline / EOS) -> ROUGE-1 recall gate (> 0.5) -> answer
+steps -> per-step head values of every detector -> one JSON record. Head scores are
+aggregated from records (:meth:`HeadScores.from_records`), so resumed runs and runs
+merged from several workers aggregate identically.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
+from locos_tl.decode import DecodeStep, greedy_decode
+from locos_tl.detectors import Detector, get_detector
+from locos_tl.errors import TrialError
+from locos_tl.heads import HeadScores
+from locos_tl.models import model_name
+from locos_tl.provenance import provenance
+from locos_tl.records import RecordStore
+from locos_tl.trials import Trial, trial_set_hash
+from locos_tl.unembed import AnswerDirections, check_variant
+
+RESUME_KEYS = ("model", "variant", "max_new_tokens", "gate_threshold")
+
+
+def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
+    """Fail before any work when a trial cannot run on ``model``.
+
+    Raises:
+        TrialError: a prompt (+ ``max_new_tokens``) exceeds ``n_ctx``, a token id is
+            outside the vocabulary, or a needle span lies outside its prompt.
+    """
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    d_vocab = int(model.cfg.d_vocab)
+    for i, t in enumerate(trials):
+        if n_ctx and t.n_tokens + max_new_tokens - 1 > n_ctx:
+            raise TrialError(
+                f"trial {i} ({t.trial_id}): prompt of {t.n_tokens} tokens + {max_new_tokens} "
+                f"new tokens is longer than the model's context n_ctx={n_ctx}"
+            )
+        if max(t.tokens) >= d_vocab or min(t.tokens) < 0:
+            raise TrialError(
+                f"trial {i} ({t.trial_id}): token id {max(t.tokens)} outside the model's "
+                f"vocabulary of {d_vocab} (trials built with another tokenizer?)"
+            )
+
+
+def run_trial(
+    model: Any,
+    trial: Trial,
+    detectors: Sequence[Detector],
+    *,
+    directions: AnswerDirections | None,
+    max_new_tokens: int = 50,
+    gate_threshold: float = GATE_THRESHOLD,
+    prefill_mode: str = "auto",
+    chunk_size: int = 1024,
+) -> dict[str, Any]:
+    """Decode one trial and return its record (JSON-serialisable).
+
+    Record fields: ``trial_id``, ``response``, ``generated``, ``rouge1_recall``,
+    ``accepted`` (gate passed and an answer step found), ``dropped`` (``None``,
+    ``"gate"`` or ``"no_answer_step"``), ``answer_steps``, ``scores`` (method ->
+    ``[n_layers][n_heads]`` per-trial score), ``step_values`` (method -> values of the
+    used steps, answer-step methods only), ``meta``.
+    """
+    per_step: dict[str, list[torch.Tensor]] = {d.name: [] for d in detectors}
+
+    def on_step(step: DecodeStep) -> None:
+        for d in detectors:
+            per_step[d.name].append(d.step_value(step, trial.needle_span).cpu())
+
+    result = greedy_decode(
+        model, trial.tokens, max_new_tokens=max_new_tokens, on_step=on_step,
+        directions=directions, prefill_mode=prefill_mode, chunk_size=chunk_size,
+    )
+    recall = rouge1_recall(result.text, trial.answer)
+    steps = answer_steps(model.tokenizer, result.generated, trial.answer)
+    dropped = None
+    if recall <= gate_threshold:
+        dropped = "gate"
+    elif not steps:
+        dropped = "no_answer_step"
+    record: dict[str, Any] = {
+        "trial_id": trial.trial_id,
+        "n_prompt_tokens": trial.n_tokens,
+        "needle_span": list(trial.needle_span),
+        "answer": trial.answer,
+        "response": result.text,
+        "generated": result.generated,
+        "stopped_by": result.stopped_by,
+        "rouge1_recall": recall,
+        "accepted": dropped is None,
+        "dropped": dropped,
+        "answer_steps": steps,
+        "scores": {},
+        "step_values": {},
+        "meta": trial.meta,
+    }
+    if dropped is None:
+        for d in detectors:
+            vals = torch.stack(per_step[d.name])
+            score = d.trial_score(vals, steps)
+            record["scores"][d.name] = None if score is None else score.tolist()
+            if d.steps == "answer":
+                record["step_values"][d.name] = vals[steps].tolist()
+    return record
+
+
+def score_trials(
+    model: Any,
+    trials: Sequence[Trial],
+    *,
+    method: str = "locos",
+    methods: Sequence[str] | None = None,
+    variant: str = "raw",
+    max_new_tokens: int = 50,
+    out_dir: str | Path | None = None,
+    seed: int = 0,
+    gate_threshold: float = GATE_THRESHOLD,
+    progress: bool = True,
+    prefill_mode: str = "auto",
+    chunk_size: int = 1024,
+) -> HeadScores | dict[str, HeadScores]:
+    """Score every attention head over retrieval trials.
+
+    LOCOS (Gema, Alex & Minervini 2026, arXiv 2607.01002, Eq. 2-3) by default; the
+    baselines ``wu``, ``headkv``, ``attention_spatial`` and ``dla`` (method.md Sec. 3)
+    share the same decode pass when several are asked with ``methods=[...]``.
+
+    Args:
+        model: a TransformerBridge (see :func:`locos_tl.load_model`).
+        trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
+        method: one method name (ignored when ``methods`` is given).
+        methods: several method names; then a ``{method: HeadScores}`` dict is returned.
+        variant: ``"raw"`` (paper) or ``"exact"`` (norm scales frozen; phi sums to DLA).
+        max_new_tokens: greedy decoding budget per trial.
+        out_dir: run directory; one JSON line per finished trial is appended to
+            ``trials.jsonl`` and ``meta.json`` holds provenance; rerunning with the same
+            settings skips finished trials.
+        seed: bootstrap seed (decoding is greedy, hence deterministic).
+        gate_threshold: ROUGE-1 recall a response must exceed to count.
+        progress: show a tqdm bar over trials.
+        prefill_mode, chunk_size: see :func:`locos_tl.decode.prefill`.
+
+    Returns:
+        :class:`HeadScores` (``[n_layers, n_heads]`` scores, CI, per-trial scores), or a
+        dict of them keyed by method.
+
+    Raises:
+        ValueError: unknown method or variant.
+        TrialError: a trial does not fit the model (checked before any decoding).
+        LocosError: ``out_dir`` holds a run made with other settings.
+    """
+    names = list(methods) if methods is not None else [method]
+    if not names:
+        raise ValueError("no method given")
+    detectors = [get_detector(m) for m in names]
+    variant = check_variant(variant)
+    trials = list(trials)
+    check_trials_fit(model, trials, max_new_tokens)
+    directions = AnswerDirections(model, variant) if any(d.needs_phi for d in detectors) else None
+    settings = {
+        "model": model_name(model),
+        "variant": variant,
+        "methods": names,
+        "max_new_tokens": max_new_tokens,
+        "gate_threshold": gate_threshold,
+        "seed": seed,
+        "n_trials": len(trials),
+        "trial_set_hash": trial_set_hash(trials),
+    }
+    store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
+    meta = provenance(model, settings)
+    if store is not None:
+        store.write_meta(meta)
+    records: list[dict[str, Any]] = []
+    for trial in tqdm(trials, desc="scoring trials", unit="trial", disable=not progress):
+        rec = store.get(trial.trial_id) if store is not None else None
+        if rec is not None and rec["accepted"] and any(m not in rec["scores"] for m in names):
+            rec = None  # finished under fewer methods: rerun for the new ones
+        if rec is None:
+            rec = run_trial(model, trial, detectors, directions=directions,
+                            max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
+                            prefill_mode=prefill_mode, chunk_size=chunk_size)
+            if store is not None:
+                store.append(rec)
+        records.append(rec)
+    return aggregate(records, names, model=model, variant=variant, meta=meta, seed=seed)
+
+
+def aggregate(
+    records: Sequence[dict[str, Any]],
+    methods: Sequence[str],
+    *,
+    model: Any,
+    variant: str,
+    meta: dict[str, Any],
+    seed: int = 0,
+) -> HeadScores | dict[str, HeadScores]:
+    """Build :class:`HeadScores` from per-trial records (order-independent)."""
+    counts = {
+        "n_trials": len(records),
+        "n_accepted": sum(bool(r["accepted"]) for r in records),
+        "n_dropped_gate": sum(r["dropped"] == "gate" for r in records),
+        "n_dropped_no_answer_step": sum(r["dropped"] == "no_answer_step" for r in records),
+    }
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    out = {
+        m: HeadScores.from_records(records, m, n_layers=L, n_heads=H, variant=variant,
+                                   meta={**meta, **counts}, seed=seed)
+        for m in methods
+    }
+    return out if len(methods) > 1 else out[methods[0]]
