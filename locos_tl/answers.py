@@ -49,7 +49,7 @@ def answer_token_variants(tokenizer: Any, answer: str) -> list[list[int]]:
         TrialError: the answer tokenizes to nothing.
     """
     out: list[list[int]] = []
-    for text in (answer.strip(), " " + answer.strip()):
+    for text in (answer.strip(), " " + answer.strip()) if answer.strip() else ():
         ids = list(tokenizer.encode(text, add_special_tokens=False))
         if ids and ids not in out:
             out.append(ids)

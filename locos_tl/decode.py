@@ -70,12 +70,15 @@ class DecodeStep:
         if self._directions is None:
             raise RuntimeError("this step was captured without answer directions")
         u = self._directions(self.token, self.scales)
-        return torch.stack(
-            [
-                phi_layer(self.pattern[l], self.values[l], self._W_O[l], u[l].to(self.values[l].device))
-                for l in range(len(self.values))
-            ]
-        )
+        out = []
+        for layer, v in enumerate(self.values):
+            # under a device_map split each layer's values and W_O live on that layer's
+            # device: compute there, gather the [n_heads, pos] result on pattern's device
+            dev = v.device
+            phi = phi_layer(self.pattern[layer].to(dev), v, self._W_O[layer].to(dev),
+                            u[layer].to(dev))
+            out.append(phi.to(self.pattern.device))
+        return torch.stack(out)
 
 
 @dataclass
@@ -166,6 +169,8 @@ def prefill(
     cache = _new_cache(model)
     if tokens.shape[1] == 0:
         return cache
+    if mode == "auto" and _hooks_attached(model):  # e.g. inside `ablate`: the twin
+        mode = "bridge"  # fires no TransformerLens hook, so prefill through the bridge
     twin = sdpa_twin(model) if mode in ("auto", "sdpa") else None
     if mode == "sdpa" and twin is None:
         raise ValueError("no SDPA twin can be built for this model; use prefill='bridge'")
@@ -176,6 +181,12 @@ def prefill(
         else:
             model(chunk, return_type=None, past_key_values=cache, use_cache=True)
     return cache
+
+
+def _hooks_attached(model: Any) -> bool:
+    """Whether any TransformerLens forward hook is attached to ``model``."""
+    points = getattr(model, "hook_points", None)
+    return callable(points) and any(getattr(hp, "fwd_hooks", None) for hp in points())
 
 
 def _cache_values(cache: Any, layer: int) -> Tensor:

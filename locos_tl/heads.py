@@ -47,6 +47,8 @@ class HeadScores:
             accepted trial (for the step-pooled mean), or None.
         meta: provenance (model, versions, seed, trial-set hash, counts of dropped trials).
         seed: seed of the bootstrap.
+        records: the per-trial records of the run (accepted and dropped: response,
+            ROUGE-1 recall, answer steps, ...), when built by ``score_trials``.
     """
 
     method: str
@@ -56,6 +58,7 @@ class HeadScores:
     step_scores: Float[Tensor, "n_steps n_layers n_heads"] | None = None
     meta: dict[str, Any] = field(default_factory=dict)
     seed: int = 0
+    records: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self.trial_scores = torch.as_tensor(self.trial_scores, dtype=torch.float64)
@@ -276,4 +279,24 @@ class HeadScores:
         trial_scores = torch.stack(scores) if scores else torch.zeros((0, *shape), dtype=torch.float64)
         step_scores = torch.stack(steps) if steps else None
         return cls(method=method, trial_scores=trial_scores, trial_ids=ids, variant=variant,
-                   step_scores=step_scores, meta=dict(meta or {}), seed=seed)
+                   step_scores=step_scores, meta=dict(meta or {}), seed=seed,
+                   records=list(records))
+
+    def records_frame(self) -> pd.DataFrame:
+        """One row a trial of :attr:`records`: ``trial_id, accepted, dropped, response,
+        answer, rouge1_recall, n_answer_steps, n_prompt_tokens`` plus the trial's meta."""
+        rows = [
+            {
+                "trial_id": r["trial_id"],
+                "accepted": r.get("accepted"),
+                "dropped": r.get("dropped"),
+                "response": r.get("response"),
+                "answer": r.get("answer"),
+                "rouge1_recall": r.get("rouge1_recall"),
+                "n_answer_steps": len(r.get("answer_steps", [])),
+                "n_prompt_tokens": r.get("n_prompt_tokens"),
+                **(r.get("meta") or {}),
+            }
+            for r in self.records
+        ]
+        return pd.DataFrame(rows)

@@ -117,6 +117,18 @@ def _check_architecture(path: Path) -> None:
     archs = cfg.get("architectures") or []
     if not archs:
         raise ModelLoadError(f"{path}/config.json names no architecture")
+    try:
+        from transformer_lens.factories.architecture_adapter_factory import (
+            SUPPORTED_ARCHITECTURES,
+        )
+    except ImportError:  # layout changed: boot_transformers will decide
+        return
+    if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
+        raise ModelLoadError(
+            f"architecture {archs[0]} (from {path}/config.json) has no TransformerLens "
+            f"bridge adapter; supported include Qwen3ForCausalLM, Gemma3ForCausalLM, "
+            f"Olmo2ForCausalLM, LlamaForCausalLM ({len(SUPPORTED_ARCHITECTURES)} in all)"
+        )
 
 
 @contextlib.contextmanager

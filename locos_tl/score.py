@@ -128,6 +128,9 @@ def score_trials(
     progress: bool = True,
     prefill_mode: str = "auto",
     chunk_size: int = 1024,
+    workers: int = 1,
+    ray_address: str | None = None,
+    **distributed_kwargs: Any,
 ) -> HeadScores | dict[str, HeadScores]:
     """Score every attention head over retrieval trials.
 
@@ -149,6 +152,14 @@ def score_trials(
         gate_threshold: ROUGE-1 recall a response must exceed to count.
         progress: show a tqdm bar over trials.
         prefill_mode, chunk_size: see :func:`locos_tl.decode.prefill`.
+        workers: > 1 (or a ``ray_address``): run on that many Ray actors, each loading
+            the model from its name/path (``model`` may then be that name/path, or a
+            bridge whose recorded path and dtype are reused); identical scores; needs
+            ``pip install "locos_tl[ray]"``. See :mod:`locos_tl.distributed`.
+        ray_address: a running Ray cluster; None starts a local one for the run.
+        **distributed_kwargs: more options of
+            :func:`locos_tl.distributed.score_trials_distributed` (``load_kwargs``,
+            ``num_gpus_per_worker``, ...).
 
     Returns:
         :class:`HeadScores` (``[n_layers, n_heads]`` scores, CI, per-trial scores), or a
@@ -158,7 +169,18 @@ def score_trials(
         ValueError: unknown method or variant.
         TrialError: a trial does not fit the model (checked before any decoding).
         LocosError: ``out_dir`` holds a run made with other settings.
+        DistributedError: ``workers`` > 1 without Ray installed (says how to install it).
     """
+    if workers > 1 or ray_address is not None or distributed_kwargs:
+        from locos_tl.distributed import score_trials_distributed, worker_model_source
+
+        path, load_kwargs = worker_model_source(model, distributed_kwargs.pop("load_kwargs", None))
+        return score_trials_distributed(
+            path, trials, workers=workers, ray_address=ray_address, load_kwargs=load_kwargs,
+            method=method, methods=methods, variant=variant, max_new_tokens=max_new_tokens,
+            out_dir=out_dir, seed=seed, gate_threshold=gate_threshold, progress=progress,
+            prefill_mode=prefill_mode, chunk_size=chunk_size, **distributed_kwargs,
+        )
     names = list(methods) if methods is not None else [method]
     if not names:
         raise ValueError("no method given")

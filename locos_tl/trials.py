@@ -34,8 +34,8 @@ class Trial:
         TrialError: on an empty answer, an empty prompt or a span outside the prompt.
     """
 
-    tokens: tuple[int, ...]
-    needle_span: tuple[int, int]
+    tokens: Sequence[int]  # stored as a tuple of ints
+    needle_span: Sequence[int]  # stored as a (s, e) tuple
     answer: str
     prompt: str = ""
     meta: dict[str, Any] = field(default_factory=dict)

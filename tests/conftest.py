@@ -1,0 +1,71 @@
+"""Shared fixtures: tiny random-init checkpoints of real architectures.
+
+Each checkpoint is built once per session with ``save_pretrained`` and loaded through
+``locos_tl.load_model`` (the same path a real model takes). Tests must not mutate the
+loaded models; hooks are always removed by the code under test.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
+    from locos_tl.tiny import ARCHS, byte_bpe_tokenizer, make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("tiny")
+    tok = byte_bpe_tokenizer()
+    return {a: make_tiny_checkpoint(a, root / a, seed=1, tokenizer=tok) for a in ARCHS}
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tiny_dirs):
+    from locos_tl import load_model
+
+    cache: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            cache[arch] = load_model(tiny_dirs[arch], device="cpu")
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def qwen3(tiny_models):
+    return tiny_models("qwen3")
+
+
+@pytest.fixture(scope="session")
+def own_answer_trials(qwen3):
+    """Three trials on the tiny Qwen3 whose gold answer is a word of the model's own
+    greedy response (so they pass the ROUGE gate on a random-init model); needle span
+    [5, 9)."""
+    import re
+
+    import torch
+
+    from locos_tl import Trial
+    from locos_tl.decode import greedy_decode
+
+    out = []
+    for seed in range(200):
+        g = torch.Generator().manual_seed(seed)
+        tokens = torch.randint(1, int(qwen3.cfg.d_vocab) - 1, (30,), generator=g).tolist()
+        words = re.findall(r"[A-Za-z]{3,}", greedy_decode(qwen3, tokens, max_new_tokens=8).text)
+        if words:
+            out.append(Trial(tokens=tokens, needle_span=(5, 9), answer=words[0], meta={"seed": seed}))
+        if len(out) == 3:
+            return out
+    raise RuntimeError("no prompt with a word in its response")

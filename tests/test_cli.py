@@ -1,0 +1,55 @@
+"""The `locos score` command writes the run directory and fails cleanly on bad input."""
+
+import json
+
+import pandas as pd
+from typer.testing import CliRunner
+
+from locos_tl import save_trials
+from locos_tl.cli import app
+
+runner = CliRunner()
+
+
+def test_score_writes_all_outputs(tiny_dirs, own_answer_trials, tmp_path):
+    trials = save_trials(own_answer_trials, tmp_path / "trials.jsonl")
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
+                              "--out", str(out), "--max-new-tokens", "8", "--variant", "exact"])
+    assert res.exit_code == 0, res.output
+    for f in ("scores.csv", "heads.json", "trials.jsonl", "meta.json", "heatmap.html"):
+        assert (out / f).exists(), f
+    df = pd.read_csv(out / "scores.csv")
+    assert len(df) == 2 * 4 and set(df["variant"]) == {"exact"} and set(df["n_trials"]) == {3}
+    assert "L" in res.output and "top 10 heads (3 of 3 trials accepted)" in res.output
+    html = (out / "heatmap.html").read_text()
+    assert "RdBu" in html and "L%{" not in html and "Layer" in html
+    assert len(json.loads((out / "heads.json").read_text())["0-0"]) == 3
+
+
+def test_score_several_methods(tiny_dirs, own_answer_trials, tmp_path):
+    trials = save_trials(own_answer_trials[:1], tmp_path / "trials.jsonl")
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
+                              "--out", str(out), "--max-new-tokens", "8", "--method", "locos,wu"])
+    assert res.exit_code == 0, res.output
+    assert (out / "locos" / "heatmap.html").exists() and (out / "wu" / "heads.json").exists()
+    assert set(pd.read_csv(out / "scores.csv")["method"]) == {"locos", "wu"}
+
+
+def test_score_text_records_and_errors(tiny_dirs, tmp_path):
+    trials = tmp_path / "t.jsonl"
+    trials.write_text(json.dumps({"prompt": "The old man reads a book by the window.",
+                                  "needle": "a book", "answer": "book"}) + "\n")
+    out = tmp_path / "run"
+    ok = runner.invoke(app, ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
+                             "--out", str(out), "--max-new-tokens", "4"])
+    assert ok.exit_code == 0, ok.output
+    assert json.loads((out / "trials.jsonl").read_text().splitlines()[0])["needle_span"]
+    bad = runner.invoke(app, ["score", "--model", str(tmp_path / "nope"), "--trials", str(trials),
+                              "--out", str(out)])
+    assert bad.exit_code == 2 and "does not exist" in bad.output
+    trials.write_text(json.dumps({"prompt": "abc", "needle": "xyz", "answer": "a"}) + "\n")
+    bad = runner.invoke(app, ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
+                              "--out", str(tmp_path / "r2")])
+    assert bad.exit_code == 2 and "not found in the prompt" in bad.output

@@ -1,0 +1,103 @@
+"""score_trials end to end on a tiny Qwen3: values, one-pass methods, resume, errors."""
+
+import json
+import pytest
+import torch
+
+import locos_tl.score as score_mod
+from locos_tl import LocosError, Trial, TrialError, phi_tensor, score_trials
+from locos_tl.decode import greedy_decode
+
+
+@pytest.fixture(scope="module")
+def trials(own_answer_trials):
+    out = own_answer_trials
+    gated = Trial(tokens=out[0].tokens, needle_span=(5, 9), answer="zzzqqq")  # fails the gate
+    return [*out, gated]
+
+
+def test_locos_equals_independent_recomputation(qwen3, trials):
+    hs = score_trials(qwen3, trials, max_new_tokens=8, progress=False)
+    assert hs.n_trials == 3 and hs.meta["n_dropped_gate"] == 1
+    frame = hs.records_frame()
+    assert frame["accepted"].tolist() == [True, True, True, False]
+    assert frame["dropped"].tolist()[-1] == "gate" and "seed" in frame.columns
+    s, e = 5, 9
+    per_trial = []
+    for t in trials[:3]:
+        res = greedy_decode(qwen3, t.tokens, max_new_tokens=8)
+        from locos_tl.answers import answer_steps
+
+        steps = answer_steps(qwen3.tokenizer, res.generated, t.answer)
+        contrasts = []
+        for st in steps:
+            ctx = list(t.tokens) + res.generated[:st]
+            phi = phi_tensor(qwen3, ctx, res.generated[st])
+            n, N = e - s, len(ctx)
+            plus = phi[..., s:e].sum(-1)
+            minus = (phi.sum(-1) - plus) * n / (N - n)
+            contrasts.append(plus - minus)
+        per_trial.append(torch.stack(contrasts).mean(0))
+    expected = torch.stack(per_trial).mean(0).double()
+    assert (hs.scores - expected).abs().max().item() < 1e-5
+    assert hs.scores.abs().max().item() > 1e-3
+
+
+def test_one_pass_many_methods_equals_separate_runs(qwen3, trials):
+    many = score_trials(qwen3, trials, methods=["locos", "wu", "headkv", "attention_spatial", "dla"],
+                        max_new_tokens=8, progress=False)
+    assert set(many) == {"locos", "wu", "headkv", "attention_spatial", "dla"}
+    for m in ("locos", "wu", "dla"):
+        alone = score_trials(qwen3, trials, method=m, max_new_tokens=8, progress=False)
+        torch.testing.assert_close(many[m].scores, alone.scores)
+    # DLA = sum of phi over positions; attention-spatial lives in [-1, 1]
+    assert many["attention_spatial"].scores.abs().max().item() <= 1.0
+    assert (many["wu"].scores >= 0).all() and (many["headkv"].scores >= 0).all()
+
+
+def test_resume_skips_finished_and_survives_a_crash(qwen3, trials, tmp_path, monkeypatch):
+    clean = score_trials(qwen3, trials, max_new_tokens=8, progress=False)
+    out = tmp_path / "run"
+    real = score_mod.run_trial
+    calls = {"n": 0}
+
+    def crashing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise RuntimeError("simulated crash")
+        return real(*a, **k)
+
+    monkeypatch.setattr(score_mod, "run_trial", crashing)
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        score_trials(qwen3, trials, max_new_tokens=8, out_dir=out, progress=False)
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    assert len(lines) == 2  # the two finished trials survived
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["settings"]["variant"] == "raw" and meta["versions"]["transformer-lens"].startswith("4.3")
+    assert meta["model"]["weight_processing"] == "raw_hf" and meta["settings"]["trial_set_hash"]
+
+    calls["n"] = -100  # no more crashes; count reruns
+    resumed = score_trials(qwen3, trials, max_new_tokens=8, out_dir=out, progress=False)
+    assert calls["n"] == -100 + 2  # only the 2 unfinished trials ran
+    torch.testing.assert_close(resumed.scores, clean.scores)
+    assert len((out / "trials.jsonl").read_text().splitlines()) == 4
+
+    with pytest.raises(LocosError, match="other settings"):
+        score_trials(qwen3, trials, max_new_tokens=8, out_dir=out, variant="exact", progress=False)
+
+
+def test_bad_inputs_fail_before_any_work(qwen3, trials, monkeypatch):
+    def boom(*a, **k):
+        raise AssertionError("decoding started")
+
+    monkeypatch.setattr(score_mod, "run_trial", boom)
+    long = Trial(tokens=[1] * (qwen3.cfg.n_ctx - 2), needle_span=(0, 3), answer="x")
+    with pytest.raises(TrialError, match="longer than the model's context"):
+        score_trials(qwen3, [trials[0], long], max_new_tokens=8, progress=False)
+    oov = Trial(tokens=[1, 2, 10**6], needle_span=(0, 1), answer="x")
+    with pytest.raises(TrialError, match="outside the model's vocabulary"):
+        score_trials(qwen3, [oov], progress=False)
+    with pytest.raises(ValueError, match="unknown method"):
+        score_trials(qwen3, trials, method="nope")
+    with pytest.raises(ValueError, match="unknown variant"):
+        score_trials(qwen3, trials, variant="approx")
