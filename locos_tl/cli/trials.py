@@ -1,0 +1,154 @@
+"""``locos build-trials``: write NoLiMa / NIAH trial files for ``locos score --trials``."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from locos_tl.cli import app
+from locos_tl.errors import LocosError
+
+build_app = typer.Typer(
+    name="build-trials",
+    help="Build retrieval trials (exact prompt lengths and needle spans) as JSON lines.",
+    no_args_is_help=True,
+)
+app.add_typer(build_app, name="build-trials")
+
+HaystackOpt = Annotated[
+    list[Path],
+    typer.Option("--haystack", help="Book text file (repeat for several, or give a folder)."),
+]
+TokenizerOpt = Annotated[
+    str, typer.Option(help="Local folder with tokenizer files, or a hub model name.")
+]
+LengthsOpt = Annotated[
+    str, typer.Option(help="Prompt lengths in tokens: '1000,2000' or 'linspace:1000:16000:5'.")
+]
+DepthsOpt = Annotated[
+    str, typer.Option(help="Needle depths in percent: '0,50,100' or 'linspace:0:100:10'.")
+]
+NumOpt = Annotated[
+    int | None,
+    typer.Option(help="Sample this many trials, stratified by (entry, test, depth)."),
+]
+ChatOpt = Annotated[
+    bool, typer.Option("--chat-template/--no-chat-template",
+                       help="Render with the tokenizer's chat template (thinking disabled).")
+]
+SeedOpt = Annotated[int, typer.Option(help="Sampling seed.")]
+OutOpt = Annotated[Path, typer.Option(help="Output trials file (JSON lines).")]
+
+
+@build_app.command("nolima")
+def nolima(
+    needle_set: Annotated[Path, typer.Option(help="NoLiMa needle_set*.json file.")],
+    haystack: HaystackOpt,
+    tokenizer: TokenizerOpt,
+    out: OutOpt,
+    lengths: LengthsOpt = "1000,2000,3000,4000,5000",
+    depths: DepthsOpt = "linspace:0:100:10",
+    num_examples: NumOpt = None,
+    question_type: Annotated[
+        list[str] | None,
+        typer.Option(help="Question type(s) to keep (repeatable), e.g. onehop; default all."),
+    ] = None,
+    characters_per_entry: Annotated[int, typer.Option(help="Names drawn per entry.")] = 1,
+    chat_template: ChatOpt = False,
+    seed: SeedOpt = 0,
+) -> None:
+    """NoLiMa trials (Modarressi et al. 2025, arXiv 2502.05167) from a needle set."""
+    from locos_tl.data import (
+        build_nolima_trials,
+        expand_needle_set,
+        load_needle_set,
+        parse_depths,
+        parse_lengths,
+    )
+
+    try:
+        items = expand_needle_set(load_needle_set(needle_set), question_type or None)
+        tok, hays = _tokenizer(tokenizer), _haystacks(haystack)
+        t0 = time.perf_counter()
+        trials = build_nolima_trials(
+            tok, items, hays, lengths=parse_lengths(lengths), depths=parse_depths(depths),
+            num_examples=num_examples, characters_per_entry=characters_per_entry,
+            chat_template=chat_template, seed=seed,
+        )
+    except LocosError as exc:
+        _fail(exc)
+    _write(trials, out, "nolima", time.perf_counter() - t0, dict(
+        needle_set=str(needle_set), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
+        lengths=lengths, depths=depths, num_examples=num_examples, question_type=question_type,
+        characters_per_entry=characters_per_entry, chat_template=chat_template, seed=seed,
+    ))
+
+
+@build_app.command("niah")
+def niah(
+    needles: Annotated[Path, typer.Option(help="NIAH probes (JSON lines: needle, question, "
+                                               "real_needle).")],
+    haystack: HaystackOpt,
+    tokenizer: TokenizerOpt,
+    out: OutOpt,
+    lengths: LengthsOpt = "1000,2000,3000,4000,5000",
+    depths: DepthsOpt = "linspace:0:100:10",
+    num_examples: NumOpt = None,
+    chat_template: ChatOpt = False,
+    seed: SeedOpt = 0,
+) -> None:
+    """Literal NIAH trials (Wu et al. 2025, arXiv 2404.15574); span = real_needle."""
+    from locos_tl.data import build_niah_trials, load_niah_probes, parse_depths, parse_lengths
+
+    try:
+        probes = load_niah_probes(needles)
+        tok, hays = _tokenizer(tokenizer), _haystacks(haystack)
+        t0 = time.perf_counter()
+        trials = build_niah_trials(
+            tok, probes, hays, lengths=parse_lengths(lengths), depths=parse_depths(depths),
+            num_examples=num_examples, chat_template=chat_template, seed=seed,
+        )
+    except LocosError as exc:
+        _fail(exc)
+    _write(trials, out, "niah", time.perf_counter() - t0, dict(
+        needles=str(needles), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
+        lengths=lengths, depths=depths, num_examples=num_examples,
+        chat_template=chat_template, seed=seed,
+    ))
+
+
+def _tokenizer(name: str) -> Any:
+    from locos_tl.data.hub import load_tokenizer
+
+    return load_tokenizer(name)
+
+
+def _haystacks(paths: Sequence[Path]) -> list[Any]:
+    from locos_tl.data import load_haystacks
+
+    files: list[Path] = []
+    for p in paths:
+        files.extend(sorted(p.glob("*.txt")) if p.is_dir() else [p])
+    return load_haystacks(files)
+
+
+def _write(trials: list[Any], out: Path, task: str, seconds: float, args: dict[str, Any]) -> None:
+    import locos_tl
+    from locos_tl.trials import save_trials, trial_set_hash
+
+    save_trials(trials, out)
+    meta = dict(task=task, n_trials=len(trials), trial_set_hash=trial_set_hash(trials),
+                locos_tl_version=getattr(locos_tl, "__version__", "unknown"), args=args)
+    Path(str(out) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    typer.echo(f"wrote {len(trials)} {task} trials to {out} in {seconds:.1f} s "
+               f"(set hash {meta['trial_set_hash']})")
+
+
+def _fail(exc: Exception) -> NoReturn:
+    typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
+    raise typer.Exit(code=2)

@@ -1,0 +1,421 @@
+"""NoLiMa needle sets: parse, validate, expand, and build exact-length trials.
+
+Format (Modarressi et al. 2025, "NoLiMa: Long-Context Evaluation Beyond Literal
+Matching", arXiv 2502.05167; ``needle_set.json`` on the hub as ``amodaresi/NoLiMa``):
+a JSON list of entries with ``id`` (e.g. ``"0401"``), ``reasoning_type``,
+``system_prompt``, optional ``task_template`` (``{haystack}`` and ``{question}``
+slots), ``needle`` (``{CHAR}`` and ``{1}``, ``{2}``, ... slots), ``questions`` (dict
+keyed by question type: ``onehop``, ``twohop``, ...), ``character_set``, ``tests``
+(``{test_id: {"input_args": [...], "gold_answers": ...}}``) and, in the
+``_w_Distractor`` variant, ``distractors`` keyed by question type. Slot ``{i}`` is
+``input_args[i - 1]``. The gold answer is the character name.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from locos_tl.data.grid import GridCell, stratified_sample
+from locos_tl.data.haystack import Haystack
+from locos_tl.data.prompt import Insert, PromptBuilder, PromptTemplate
+from locos_tl.errors import DataFormatError
+from locos_tl.trials import Trial
+
+#: NoLiMa-style task template used when an entry has no ``task_template``.
+DEFAULT_TASK_TEMPLATE = (
+    "You will answer a question based on the following book snippet:\n\n{haystack}\n\n"
+    "Use the information provided in the book snippet to answer the question. Your answer "
+    "should be short and based on either explicitly stated facts or strong, logical "
+    "inferences.\n\nQuestion: {question}\n\nReturn only the final answer with no "
+    "additional explanation or reasoning."
+)
+
+_SLOT = re.compile(r"\{([^{}]*)\}")
+_REQUIRED = ("id", "needle", "questions", "character_set", "tests")
+
+
+@dataclass(frozen=True)
+class NoLiMaTest:
+    """One test of an entry: the arguments filling the numbered slots."""
+
+    test_id: str
+    input_args: tuple[str, ...]
+    gold_answers: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NoLiMaEntry:
+    """One validated needle-set entry (see the module docstring for the fields)."""
+
+    id: str
+    reasoning_type: str
+    system_prompt: str
+    task_template: str
+    needle: str
+    questions: dict[str, str]
+    character_set: tuple[str, ...]
+    tests: dict[str, NoLiMaTest]
+    distractors: dict[str, str]
+
+
+@dataclass(frozen=True)
+class NoLiMaItem:
+    """One (entry, test, question type) with its slots filled except ``{CHAR}``."""
+
+    entry_id: str
+    test_id: str
+    question_type: str
+    reasoning_type: str
+    system_prompt: str
+    task_template: str
+    needle: str  # still holds {CHAR}
+    question: str  # may hold {CHAR}
+    character_set: tuple[str, ...]
+    distractor: str | None = None
+    gold_answers: tuple[str, ...] = ()
+
+    def realise(self, character: str) -> tuple[str, str, str]:
+        """``(needle, question, answer)`` for one character; the answer is the name
+        (or the test's first ``gold_answers`` entry with ``{CHAR}`` filled)."""
+        needle = self.needle.replace("{CHAR}", character)
+        question = self.question.replace("{CHAR}", character)
+        answer = character
+        if self.gold_answers:
+            answer = self.gold_answers[0].replace("{CHAR}", character)
+        return needle, question, answer
+
+
+def nolima_seed(entry_id: str, haystack_index: int) -> int:
+    """NoLiMa's seed rule: ``42 + int(entry_id[:4]) + haystack_index``.
+
+    Raises:
+        DataFormatError: the first four characters of the id are not digits.
+    """
+    head = entry_id[:4]
+    if not head.isdigit():
+        raise DataFormatError(f"entry id {entry_id!r} does not start with 4 digits (seed rule)")
+    return 42 + int(head) + int(haystack_index)
+
+
+def choose_characters(item: NoLiMaItem | NoLiMaEntry, haystack_index: int, k: int = 1) -> list[str]:
+    """Seeded character choice for an entry in one haystack (NoLiMa seed rule).
+
+    ``k = 1`` draws ``random.Random(seed).choice(character_set)``; ``k > 1`` draws
+    ``random.Random(seed).sample(character_set, k)`` (distinct names).
+
+    Raises:
+        DataFormatError: ``k`` is not in ``1..len(character_set)``.
+    """
+    eid = item.entry_id if isinstance(item, NoLiMaItem) else item.id
+    cs = list(item.character_set)
+    if not 1 <= k <= len(cs):
+        raise DataFormatError(
+            f"entry {eid!r}: cannot draw {k} characters from a set of {len(cs)}"
+        )
+    rng = random.Random(nolima_seed(eid, haystack_index))
+    return [rng.choice(cs)] if k == 1 else rng.sample(cs, k)
+
+
+def load_needle_set(path: str | Path) -> list[NoLiMaEntry]:
+    """Read and validate a NoLiMa ``needle_set*.json`` file.
+
+    Raises:
+        DataFormatError: missing file, invalid JSON, or an invalid entry (the message
+            names the file, the entry id and the field).
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise DataFormatError(f"needle set {path} does not exist")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataFormatError(f"needle set {path} is not valid JSON ({exc})") from exc
+    return parse_needle_set(data, source=str(path))
+
+
+def parse_needle_set(data: Any, source: str = "needle set") -> list[NoLiMaEntry]:
+    """Validate parsed needle-set JSON (a list of entries).
+
+    Checks: required fields present and typed; ``needle`` has ``{CHAR}``; every
+    numbered slot ``{i}`` in the needle, questions and distractors has an
+    ``input_args[i-1]`` in every test; no unknown ``{...}`` slots; unique ids.
+
+    Raises:
+        DataFormatError: naming ``source``, the entry id and the field.
+    """
+    if not isinstance(data, list) or not data:
+        raise DataFormatError(f"{source}: expected a non-empty JSON list of entries")
+    out: list[NoLiMaEntry] = []
+    seen: set[str] = set()
+    for pos, raw in enumerate(data):
+        entry = _parse_entry(raw, pos, source)
+        if entry.id in seen:
+            raise DataFormatError(f"{source}: entry {entry.id!r}: duplicate id")
+        seen.add(entry.id)
+        out.append(entry)
+    return out
+
+
+def expand_needle_set(
+    entries: Sequence[NoLiMaEntry], question_types: Sequence[str] | None = None
+) -> list[NoLiMaItem]:
+    """One :class:`NoLiMaItem` per (entry, test, question type), in file order.
+
+    Args:
+        entries: validated entries.
+        question_types: keep only these types (e.g. ``["onehop"]``); entries without
+            them are skipped. ``None`` keeps all.
+
+    Raises:
+        DataFormatError: no entry has any of the requested question types.
+    """
+    items: list[NoLiMaItem] = []
+    for en in entries:
+        qtypes = list(en.questions) if question_types is None else [
+            q for q in question_types if q in en.questions
+        ]
+        for test in en.tests.values():
+            for qt in qtypes:
+                dis = en.distractors.get(qt)
+                items.append(NoLiMaItem(
+                    entry_id=en.id,
+                    test_id=test.test_id,
+                    question_type=qt,
+                    reasoning_type=en.reasoning_type,
+                    system_prompt=en.system_prompt,
+                    task_template=en.task_template,
+                    needle=_fill(en.needle, test.input_args),
+                    question=_fill(en.questions[qt], test.input_args),
+                    character_set=en.character_set,
+                    distractor=_fill(dis, test.input_args) if dis else None,
+                    gold_answers=tuple(_fill(g, test.input_args) for g in test.gold_answers),
+                ))
+    if not items:
+        have = sorted({q for en in entries for q in en.questions})
+        raise DataFormatError(
+            f"no entry has question type(s) {list(question_types or [])}; available: {have}"
+        )
+    return items
+
+
+def nolima_cells(
+    items: Sequence[NoLiMaItem],
+    haystacks: Sequence[Haystack],
+    lengths: Sequence[int],
+    depths: Sequence[float | int],
+    characters_per_entry: int = 1,
+) -> list[GridCell]:
+    """The full grid: item x haystack x character x length x depth.
+
+    Characters come from :func:`choose_characters` (NoLiMa seed rule per entry and
+    haystack index).
+    """
+    cells: list[GridCell] = []
+    for i, it in enumerate(items):
+        for h in haystacks:
+            for ch in choose_characters(it, h.index, characters_per_entry):
+                for L in lengths:
+                    for d in depths:
+                        cells.append(GridCell(i, h.index, int(L), float(d), ch))
+    return cells
+
+
+def build_nolima_trials(
+    tokenizer: Any,
+    items: Sequence[NoLiMaItem],
+    haystacks: Sequence[Haystack],
+    *,
+    lengths: Sequence[int],
+    depths: Sequence[float | int],
+    num_examples: int | None = None,
+    characters_per_entry: int = 1,
+    chat_template: bool = False,
+    seed: int = 0,
+    builder: PromptBuilder | None = None,
+) -> list[Trial]:
+    """Build NoLiMa trials with exact prompt lengths and needle spans.
+
+    The needle is the scored span; a distractor (``_w_Distractor`` sets) goes in at a
+    seeded random depth. ``num_examples`` trials are sampled from the grid, stratified
+    by (entry, test, depth) with ``seed``.
+
+    Args:
+        tokenizer: HF fast tokenizer (or model with ``.tokenizer``).
+        items: from :func:`expand_needle_set`.
+        haystacks: books; ``haystack.index`` enters the seed rule.
+        lengths: prompt lengths in tokens (whole prompt, chat template included).
+        depths: needle depths in percent of the haystack part.
+        num_examples: sample size (``None``: the full grid).
+        characters_per_entry: names drawn per entry and haystack.
+        chat_template: render with the tokenizer's chat template (thinking disabled).
+        seed: sampling seed.
+        builder: reuse a :class:`PromptBuilder` (keeps tokenised books cached).
+
+    Returns:
+        trials whose ``meta`` holds ``task``, ``entry_id``, ``test_id``,
+        ``question_type``, ``reasoning_type``, ``character``, ``needle``,
+        ``question``, ``distractor``, ``seed``, ``chat_template`` and the builder's
+        ``length``, ``depth``, ``depth_actual``, ``haystack``, ``haystack_index``.
+
+    Raises:
+        HaystackTooShortError, TrialError, DataFormatError: see
+            :meth:`PromptBuilder.build`.
+    """
+    builder = builder or PromptBuilder(tokenizer)
+    by_index = {h.index: h for h in haystacks}
+    cells = nolima_cells(items, haystacks, lengths, depths, characters_per_entry)
+    cells = stratified_sample(
+        cells, num_examples,
+        key=lambda c: (items[c.item].entry_id, items[c.item].test_id, c.depth), seed=seed,
+    )
+    trials = []
+    for c in cells:
+        it = items[c.item]
+        hay = by_index[c.haystack_index]
+        needle, question, answer = it.realise(c.character)
+        template = PromptTemplate(it.task_template, it.system_prompt, chat_template)
+        others = []
+        if it.distractor:
+            rng = random.Random(f"distractor:{it.entry_id}:{it.test_id}:{c.length}:{c.depth}")
+            others.append(Insert(it.distractor.replace("{CHAR}", c.character),
+                                 round(rng.uniform(0.0, 100.0), 2)))
+        meta = dict(
+            task="nolima", entry_id=it.entry_id, test_id=it.test_id,
+            question_type=it.question_type, reasoning_type=it.reasoning_type,
+            character=c.character, needle=needle, question=question,
+            distractor=others[0].text if others else None,
+            distractor_depth=others[0].depth if others else None,
+            gold_answers=[g.replace("{CHAR}", c.character) for g in it.gold_answers] or [answer],
+            seed=nolima_seed(it.entry_id, hay.index), chat_template=chat_template,
+        )
+        trials.append(builder.build(
+            hay, length=c.length, template=template, question=question,
+            needle=Insert(needle, c.depth), answer=answer, others=others, meta=meta,
+        ))
+    return trials
+
+
+# --------------------------------------------------------------------- parsing
+def _parse_entry(raw: Any, pos: int, source: str) -> NoLiMaEntry:
+    if not isinstance(raw, dict):
+        raise DataFormatError(f"{source}: entry #{pos} is not a JSON object")
+    eid = raw.get("id")
+    where = f"{source}: entry {eid!r}" if eid is not None else f"{source}: entry #{pos}"
+    for f in _REQUIRED:
+        if f not in raw:
+            raise DataFormatError(f"{where}: missing field {f!r}")
+    if not isinstance(eid, str) or not eid[:4].isdigit():
+        raise DataFormatError(f"{where}: field 'id' must be a string starting with 4 digits")
+    needle = _str(raw, "needle", where)
+    if "{CHAR}" not in needle:
+        raise DataFormatError(f"{where}: field 'needle' has no {{CHAR}} slot: {needle!r}")
+    questions = _str_dict(raw, "questions", where)
+    distractors: dict[str, str] = {}
+    if raw.get("distractors") is not None:
+        d = raw["distractors"]
+        distractors = ({q: d for q in questions} if isinstance(d, str)
+                       else _str_dict(raw, "distractors", where))
+    chars = raw["character_set"]
+    if (not isinstance(chars, list) or not chars
+            or not all(isinstance(c, str) and c.strip() for c in chars)):
+        raise DataFormatError(f"{where}: field 'character_set' must be a non-empty list of names")
+    template = raw.get("task_template") or DEFAULT_TASK_TEMPLATE
+    if (not isinstance(template, str) or "{haystack}" not in template
+            or "{question}" not in template):
+        raise DataFormatError(
+            f"{where}: field 'task_template' needs {{haystack}} and {{question}} slots"
+        )
+    tests = _parse_tests(raw["tests"], where)
+    templated = {"needle": needle, **{f"questions.{k}": v for k, v in questions.items()},
+                 **{f"distractors.{k}": v for k, v in distractors.items()}}
+    for test in tests.values():
+        for i, g in enumerate(test.gold_answers):
+            templated[f"tests.{test.test_id}.gold_answers[{i}]"] = g
+    for field_name, text in templated.items():
+        _check_slots(text, field_name, where, tests)
+    return NoLiMaEntry(
+        id=eid,
+        reasoning_type=str(raw.get("reasoning_type") or ""),
+        system_prompt=_opt_str(raw, "system_prompt", where),
+        task_template=template,
+        needle=needle,
+        questions=questions,
+        character_set=tuple(c.strip() for c in chars),
+        tests=tests,
+        distractors=distractors,
+    )
+
+
+def _parse_tests(raw: Any, where: str) -> dict[str, NoLiMaTest]:
+    if not isinstance(raw, dict) or not raw:
+        raise DataFormatError(f"{where}: field 'tests' must be a non-empty object")
+    tests = {}
+    for tid, t in raw.items():
+        if not isinstance(t, dict) or "input_args" not in t:
+            raise DataFormatError(f"{where}: field 'tests.{tid}' lacks 'input_args'")
+        args = t["input_args"]
+        if not isinstance(args, list) or not all(isinstance(a, str) for a in args):
+            raise DataFormatError(
+                f"{where}: field 'tests.{tid}.input_args' must be a list of strings"
+            )
+        gold = t.get("gold_answers") or []
+        if isinstance(gold, str):
+            gold = [gold]
+        if not isinstance(gold, list) or not all(isinstance(g, str) and g.strip() for g in gold):
+            raise DataFormatError(f"{where}: field 'tests.{tid}.gold_answers' must be strings")
+        tests[str(tid)] = NoLiMaTest(str(tid), tuple(args), tuple(gold))
+    return tests
+
+
+def _check_slots(text: str, field_name: str, where: str, tests: dict[str, NoLiMaTest]) -> None:
+    for m in _SLOT.finditer(text):
+        slot = m.group(1)
+        if slot == "CHAR":
+            continue
+        if not slot.isdigit() or int(slot) < 1:
+            raise DataFormatError(
+                f"{where}: field {field_name!r} has unknown slot {{{slot}}} "
+                "(allowed: {CHAR}, {1}, {2}, ...)"
+            )
+        for t in tests.values():
+            if int(slot) > len(t.input_args):
+                raise DataFormatError(
+                    f"{where}: field {field_name!r} uses slot {{{slot}}} but test "
+                    f"{t.test_id!r} has only {len(t.input_args)} input_args"
+                )
+
+
+def _fill(text: str, args: Sequence[str]) -> str:
+    return re.sub(r"\{(\d+)\}", lambda m: args[int(m.group(1)) - 1], text)
+
+
+def _str(raw: dict[str, Any], key: str, where: str) -> str:
+    v = raw[key]
+    if not isinstance(v, str) or not v.strip():
+        raise DataFormatError(f"{where}: field {key!r} must be a non-empty string")
+    return v
+
+
+def _opt_str(raw: dict[str, Any], key: str, where: str) -> str:
+    v = raw.get(key)
+    if v is None:
+        return ""
+    if not isinstance(v, str):
+        raise DataFormatError(f"{where}: field {key!r} must be a string")
+    return v
+
+
+def _str_dict(raw: dict[str, Any], key: str, where: str) -> dict[str, str]:
+    v = raw[key]
+    if not isinstance(v, dict) or not v:
+        raise DataFormatError(f"{where}: field {key!r} must be a non-empty object")
+    for k, s in v.items():
+        if not isinstance(s, str) or not s.strip():
+            raise DataFormatError(f"{where}: field '{key}.{k}' must be a non-empty string")
+    return dict(v)
