@@ -1,0 +1,335 @@
+"""Ablation sweeps: answer quality after ablating the top-k heads of each ranking.
+
+method.md Sec. 4 (Gema, Alex & Minervini 2026, arXiv 2607.01002): for k in
+{1, 5, 10, 20, 50, 100} ablate the k best heads of each method (and the controls:
+seeded random heads over 3 seeds, the bottom-k of LOCOS), decode greedily with the
+ablation active over the whole prompt and every generated token, and score the
+response (ROUGE-L F and NoLiMa ``contains`` by default; MuSiQue and BABILong scorers in
+:mod:`locos_tl.task_metrics`). The specificity control compares the drop on retrieval
+with the drop on parametric / arithmetic prompts: :func:`dissociation_score`.
+
+Runs are resumable: every (head set, trial) generation is one JSON line in
+``out_dir/trials.jsonl``; identical head sets (across methods or k) are generated once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from locos_tl.ablation import AblationMeans, AblationMode, ablate, check_mode, random_heads
+from locos_tl.decode import greedy_decode
+from locos_tl.heads import Head, HeadScores
+from locos_tl.models import model_name
+from locos_tl.provenance import provenance
+from locos_tl.records import RecordStore
+from locos_tl.score import check_trials_fit
+from locos_tl.task_metrics import Scorer, get_scorer, scorer_name
+from locos_tl.trials import Trial, trial_set_hash
+
+DEFAULT_KS = (1, 5, 10, 20, 50, 100)
+BASELINE = "baseline"
+RANDOM = "random"
+RESUME_KEYS = ("model", "mode", "means_hash", "max_new_tokens", "stop_at_newline")
+COLUMNS = ["method", "k", "seed", "metric", "value", "n_trials"]
+
+
+@dataclass(frozen=True)
+class AblationJob:
+    """One cell of the sweep: ablate ``heads`` (the top-``k`` of ``method``)."""
+
+    method: str
+    k: int
+    seed: int
+    heads: tuple[Head, ...]
+
+    @property
+    def key(self) -> str:
+        return heads_key(self.heads)
+
+
+def heads_key(heads: Sequence[Head]) -> str:
+    """Order-free id of a head set (``"none"`` for no head)."""
+    if not heads:
+        return "none"
+    canon = json.dumps(sorted([int(l), int(h)] for l, h in heads))
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def means_hash(means: AblationMeans | None) -> str | None:
+    if means is None:
+        return None
+    h = hashlib.sha256(means.q.numpy().tobytes())
+    h.update(means.z.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _ranking(hs: Sequence[Head] | HeadScores) -> list[Head]:
+    if isinstance(hs, HeadScores):
+        return hs.ranked(True)
+    return [(int(l), int(h)) for l, h in hs]
+
+
+def build_jobs(
+    head_sets: Mapping[str, Sequence[Head] | HeadScores],
+    ks: Sequence[int],
+    *,
+    n_layers: int,
+    n_heads: int,
+    seeds: Sequence[int] = (0, 1, 2),
+    random: bool = True,
+    bottom: str | None = "auto",
+) -> list[AblationJob]:
+    """The sweep's cells: the baseline (k=0), top-k of every head set, random heads per
+    seed and the bottom-k control.
+
+    Args:
+        head_sets: method name -> ranked ``(layer, head)`` list or :class:`HeadScores`.
+        ks: the k values; a k beyond a ranking's length is skipped for it.
+        n_layers, n_heads: the model's geometry (for random heads).
+        seeds: seeds of the random-heads control (method ``"random"``).
+        random: include the random control.
+        bottom: name of the :class:`HeadScores` entry whose lowest-scoring heads form the
+            bottom-k control (method ``"<name>_bottom"``); ``"auto"``: ``"locos"`` if
+            present, else the first :class:`HeadScores`; None: no bottom-k control.
+
+    Raises:
+        ValueError: a negative k, or ``bottom`` names no :class:`HeadScores` entry.
+    """
+    if any(int(k) < 0 for k in ks):
+        raise ValueError(f"k values must be >= 0, got {list(ks)}")
+    ks = sorted({int(k) for k in ks if int(k) > 0})
+    jobs = [AblationJob(BASELINE, 0, 0, ())]
+    for name, hs in head_sets.items():
+        ranking = _ranking(hs)
+        jobs += [AblationJob(name, k, 0, tuple(ranking[:k])) for k in ks if k <= len(ranking)]
+    if random:
+        for seed in seeds:
+            jobs += [AblationJob(RANDOM, k, int(seed), tuple(random_heads(n_layers, n_heads, k,
+                                                                          int(seed))))
+                     for k in ks if k <= n_layers * n_heads]
+    if bottom == "auto":
+        scored = [n for n, hs in head_sets.items() if isinstance(hs, HeadScores)]
+        bottom = "locos" if "locos" in scored else (scored[0] if scored else None)
+    if bottom is not None:
+        src = head_sets.get(bottom)
+        if not isinstance(src, HeadScores):
+            raise ValueError(f"bottom-k control: {bottom!r} is not a HeadScores entry of "
+                             f"head_sets ({sorted(head_sets)})")
+        low = src.ranked(False)
+        jobs += [AblationJob(f"{bottom}_bottom", k, 0, tuple(low[:k])) for k in ks
+                 if k <= len(low)]
+    return jobs
+
+
+def evaluate(
+    model: Any,
+    trials: Sequence[Trial],
+    head_sets: Mapping[str, Sequence[Head] | HeadScores],
+    *,
+    k: Sequence[int] = DEFAULT_KS,
+    mode: AblationMode = "query_mean",
+    means: AblationMeans | None = None,
+    seeds: Sequence[int] = (0, 1, 2),
+    random: bool = True,
+    bottom: str | None = "auto",
+    scorer: str | Scorer = "nolima",
+    out_dir: str | Path | None = None,
+    max_new_tokens: int = 100,
+    stop_at_newline: bool = True,
+    chunk_size: int = 1024,
+    progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
+    **distributed_kwargs: Any,
+) -> pd.DataFrame:
+    """Answer quality after ablating each method's top-k heads (method.md Sec. 4).
+
+    Every generation is free greedy decoding (at most ``max_new_tokens``) with the
+    ablation active at every prompt position and every generated token (the prompt is
+    prefilled through the bridge so the hooks fire).
+
+    Args:
+        model: a TransformerBridge.
+        trials: the evaluation trials (e.g. NoLiMa at lengths 1000..16000).
+        head_sets: method name -> ranking (``HeadScores`` or a ranked head list).
+        k: head counts to ablate; k=0 (no ablation) is always run, as method
+            ``"baseline"``.
+        mode: ablation mode (see :func:`locos_tl.ablate`).
+        means: calibration means (:func:`locos_tl.calibrate_means`), needed by
+            ``query_mean`` and ``output_mean``.
+        seeds: seeds of the random-heads control.
+        random: include the random-heads control (method ``"random"``).
+        bottom: bottom-k control source (see :func:`build_jobs`).
+        scorer: ``"nolima"`` (``rougeL``, ``contains``), ``"musique"`` (``em``,
+            ``f1``), ``"babilong"`` (``substring``) or a callable
+            ``(response, trial) -> {metric: value}``.
+        out_dir: run directory (``trials.jsonl`` generations, ``meta.json`` provenance,
+            ``evaluation.csv``); a rerun with the same settings skips finished work.
+        max_new_tokens: greedy decoding budget.
+        stop_at_newline: stop at a newline (off for multi-line answers such as MuSiQue).
+        chunk_size: prefill query chunk (memory ``O(chunk_size x N)`` per layer).
+        progress: show a tqdm bar over (head set, trial) generations.
+        workers: > 1 (or a ``ray_address``): spread the generations over that many Ray
+            actors, each loading the model from the bridge's recorded path and dtype;
+            identical results; needs ``pip install "locos_tl[ray]"``. See
+            :func:`locos_tl.distributed.generate_ablated_distributed`.
+        ray_address: a running Ray cluster; None starts a local one for the run.
+        **distributed_kwargs: more options of the distributed run (``pool``,
+            ``load_kwargs``, ``num_gpus_per_worker``, ...).
+
+    Returns:
+        Tidy DataFrame, one row per (method, k, seed, metric): ``value`` is the mean
+        over trials (in [0, 1]), ``n_trials`` the count. Deterministic methods have
+        ``seed = 0``; the baseline row is ``method="baseline", k=0``.
+
+    Raises:
+        ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``.
+        TrialError: a trial does not fit the model.
+        LocosError: ``out_dir`` holds a run made with other settings.
+    """
+    mode = check_mode(mode)
+    if mode.endswith("_mean") and means is None:
+        raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
+    score_fn = get_scorer(scorer)
+    trials = list(trials)
+    check_trials_fit(model, trials, max_new_tokens)
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    jobs = build_jobs(head_sets, k, n_layers=L, n_heads=H, seeds=seeds, random=random,
+                      bottom=bottom)
+    settings = {
+        "model": model_name(model), "mode": mode, "means_hash": means_hash(means),
+        "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
+        "scorer": scorer_name(scorer), "ks": sorted({int(x) for x in k}),
+        "seeds": [int(s) for s in seeds], "methods": sorted({j.method for j in jobs}),
+        "n_trials": len(trials), "trial_set_hash": trial_set_hash(trials),
+        "head_sets": {j.key: [list(h) for h in j.heads] for j in jobs},
+    }
+    store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
+    meta = provenance(model, settings)
+    if store is not None:
+        store.write_meta(meta)
+
+    sets = {j.key: j.heads for j in jobs}  # unique head sets, in job order
+    responses: dict[tuple[str, str], str] = {}
+    todo = []
+    for key in sets:
+        for t in trials:
+            rec = store.get(f"{key}:{t.trial_id}") if store is not None else None
+            if rec is not None:
+                responses[(key, t.trial_id)] = rec["response"]
+            else:
+                todo.append((key, t))
+
+    def keep(key: str, t: Trial, text: str, generated: list[int], stopped_by: str) -> None:
+        responses[(key, t.trial_id)] = text
+        if store is not None:
+            store.append({"trial_id": f"{key}:{t.trial_id}", "heads_key": key,
+                          "trial": t.trial_id, "n_heads": len(sets[key]),
+                          "response": text, "generated": generated, "stopped_by": stopped_by})
+
+    if (workers > 1 or ray_address is not None or distributed_kwargs) and todo:
+        from locos_tl.distributed import generate_ablated_distributed
+
+        generate_ablated_distributed(
+            model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
+            max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline,
+            chunk_size=chunk_size, workers=workers, ray_address=ray_address,
+            progress=progress,
+            on_result=lambda ev: keep(*todo[ev.index], ev.result["response"],
+                                      ev.result["generated"], ev.result["stopped_by"]),
+            **distributed_kwargs,
+        )
+        todo = []
+    bar = tqdm(total=len(todo), desc=f"ablation ({mode})", unit="gen", disable=not progress)
+    for key, heads in sets.items():
+        pending = [t for kk, t in todo if kk == key]
+        if not pending:
+            continue
+        with ablate(model, list(heads), mode, means=means):
+            for t in pending:
+                res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
+                                    stop_at_newline=stop_at_newline, prefill_mode="bridge",
+                                    chunk_size=chunk_size)
+                keep(key, t, res.text, res.generated, res.stopped_by)
+                bar.update(1)
+    bar.close()
+
+    per_trial = {t.trial_id: t for t in trials}
+    metric_cache: dict[tuple[str, str], dict[str, float]] = {
+        kt: score_fn(resp, per_trial[kt[1]]) for kt, resp in responses.items()
+    }
+    rows = []
+    for j in jobs:
+        vals = [metric_cache[(j.key, t.trial_id)] for t in trials]
+        for metric in (vals[0] if vals else {}):
+            rows.append({"method": j.method, "k": j.k, "seed": j.seed, "metric": metric,
+                         "value": float(np.mean([v[metric] for v in vals])),
+                         "n_trials": len(vals)})
+    df = pd.DataFrame(rows, columns=COLUMNS)
+    if out_dir is not None:
+        df.to_csv(Path(out_dir) / "evaluation.csv", index=False)
+    return df
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean (and std over seeds) of ``value`` per ``(method, k, metric)``."""
+    g = df.groupby(["method", "k", "metric"], as_index=False)["value"]
+    out = g.agg(value="mean", std="std", n_seeds="count")
+    return out.sort_values(["metric", "method", "k"]).reset_index(drop=True)
+
+
+def dissociation_score(
+    df_retrieval: pd.DataFrame,
+    df_control: pd.DataFrame,
+    *,
+    retrieval_metric: str = "rougeL",
+    control_metric: str = "contains",
+) -> pd.DataFrame:
+    """Dissociation score ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (method.md Sec. 4).
+
+    ``R``: retrieval metric, ``P``: control metric (parametric recall or arithmetic),
+    index 0: no ablation (the ``"baseline"`` row). Values are first averaged over
+    seeds. DS near 1: the heads are needed for retrieval only; near 0: the ablation
+    hurts both alike (or neither). Unitless.
+
+    Args:
+        df_retrieval, df_control: :func:`evaluate` outputs on retrieval and control trials
+            (same head sets and k).
+        retrieval_metric, control_metric: the ``metric`` rows to use.
+
+    Returns:
+        One row per ``(method, k)`` present in both: ``R0, R, P0, P, ds`` (NaN when a
+        baseline is 0).
+
+    Raises:
+        ValueError: a metric or a baseline row is missing.
+    """
+    def pick(df: pd.DataFrame, metric: str, what: str) -> tuple[float, pd.Series]:
+        sub = df[df["metric"] == metric]
+        if sub.empty:
+            raise ValueError(f"{what}: no rows for metric {metric!r} "
+                             f"(have {sorted(df['metric'].unique())})")
+        base = sub[sub["method"] == BASELINE]["value"]
+        if base.empty:
+            raise ValueError(f"{what}: no {BASELINE!r} (k=0) row")
+        means = sub[sub["method"] != BASELINE].groupby(["method", "k"])["value"].mean()
+        return float(base.mean()), means
+
+    R0, R = pick(df_retrieval, retrieval_metric, "retrieval")
+    P0, P = pick(df_control, control_metric, "control")
+    both = R.index.intersection(P.index)
+    out = pd.DataFrame({"R0": R0, "R": R.loc[both], "P0": P0, "P": P.loc[both]})
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_drop = (out["R0"] - out["R"]) / out["R0"] if R0 != 0 else np.nan
+        p_drop = (out["P0"] - out["P"]) / out["P0"] if P0 != 0 else np.nan
+    out["ds"] = r_drop - p_drop
+    return out.reset_index()

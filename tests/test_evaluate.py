@@ -1,0 +1,155 @@
+"""Ablation sweeps, answer metrics and the dissociation score."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pandas as pd
+import pytest
+import torch
+from planted import PLANTED, build_planted, planted_trials
+
+from locos_tl.evaluate import BASELINE, build_jobs, dissociation_score, evaluate, heads_key
+from locos_tl.heads import HeadScores
+from locos_tl.models import load_model
+from locos_tl.task_metrics import (
+    babilong_substring,
+    extract_answer_tag,
+    musique_em_f1,
+    nolima_contains,
+    score_nolima,
+)
+from locos_tl.trials import Trial
+
+
+@pytest.fixture(scope="module")
+def planted(tmp_path_factory):
+    model = load_model(build_planted(tmp_path_factory.mktemp("planted") / "m"), device="cpu")
+    return model, planted_trials(model.tokenizer, 2)
+
+
+# -- metrics ---------------------------------------------------------------------------
+def test_nolima_metrics() -> None:
+    t = Trial(tokens=(1, 2, 3), needle_span=(0, 1), answer="Yuki",
+              meta={"gold_answers": ["Yuki", "Yuki Tanaka"]})
+    assert nolima_contains("  It is Yuki.", ["Yuki"]) == 1.0
+    assert nolima_contains("it is yuki", ["Yuki"]) == 0.0  # case-sensitive, as NoLiMa
+    s = score_nolima("The answer is Yuki", t)
+    assert s["contains"] == 1.0
+    assert s["rougeL"] == pytest.approx(2 * (1 / 4) * 1 / (1 / 4 + 1))  # P=1/4, R=1
+    assert score_nolima("Katie", t) == {"rougeL": 0.0, "contains": 0.0}
+
+
+def test_musique_em_f1_of_answer_tag() -> None:
+    assert extract_answer_tag("think... <answer> The Eiffel Tower</answer> done") == \
+        "The Eiffel Tower"
+    assert extract_answer_tag("<answer>a</answer> then <answer>Paris") == "Paris"
+    assert extract_answer_tag("Paris") == ""
+    got = musique_em_f1("<answer>the Eiffel tower!</answer>", ["Eiffel Tower"])
+    assert got == {"em": 1.0, "f1": 1.0}
+    got = musique_em_f1("<answer>Eiffel Tower in Paris</answer>", ["Eiffel Tower"])
+    assert got["em"] == 0.0 and got["f1"] == pytest.approx(2 * 0.5 * 1 / 1.5)
+    assert musique_em_f1("Eiffel Tower", ["Eiffel Tower"]) == {"em": 0.0, "f1": 0.0}
+
+
+def test_babilong_substring() -> None:
+    assert babilong_substring("The football is in the Kitchen.", ["kitchen"]) == 1.0
+    assert babilong_substring("The football is in the garden.", ["kitchen"]) == 0.0
+
+
+def test_dissociation_score() -> None:
+    rows = lambda r0, r5, m: [  # noqa: E731
+        {"method": BASELINE, "k": 0, "seed": 0, "metric": m, "value": r0, "n_trials": 4},
+        {"method": "locos", "k": 5, "seed": 0, "metric": m, "value": r5, "n_trials": 4},
+        {"method": "random", "k": 5, "seed": 0, "metric": m, "value": r0, "n_trials": 4},
+        {"method": "random", "k": 5, "seed": 1, "metric": m, "value": r0 / 2, "n_trials": 4},
+    ]
+    ret = pd.DataFrame(rows(0.8, 0.2, "rougeL"))
+    ctl = pd.DataFrame(rows(0.5, 0.4, "contains"))
+    ds = dissociation_score(ret, ctl).set_index(["method", "k"])["ds"]
+    assert ds[("locos", 5)] == pytest.approx((0.8 - 0.2) / 0.8 - (0.5 - 0.4) / 0.5)  # 0.55
+    assert ds[("random", 5)] == pytest.approx(0.25 - 0.25)  # seeds averaged first
+    with pytest.raises(ValueError, match="metric"):
+        dissociation_score(ret, ctl, control_metric="em")
+
+
+# -- sweep cells -----------------------------------------------------------------------
+def test_build_jobs_cells_and_controls() -> None:
+    scores = torch.arange(8, dtype=torch.float64).reshape(1, 2, 4)  # best = (1, 3)
+    hs = HeadScores("locos", scores)
+    jobs = build_jobs({"locos": hs, "wu": [(0, 1), (1, 0)]}, (0, 1, 3), n_layers=2,
+                      n_heads=4, seeds=(0, 1))
+    cells = {(j.method, j.k, j.seed): j.heads for j in jobs}
+    assert cells[(BASELINE, 0, 0)] == ()
+    assert cells[("locos", 3, 0)] == ((1, 3), (1, 2), (1, 1))
+    assert cells[("locos_bottom", 1, 0)] == ((0, 0),)
+    assert ("wu", 3, 0) not in cells  # ranking of 2 heads: k=3 skipped
+    assert cells[("random", 1, 0)] == cells[("random", 3, 0)][:1]  # nested per seed
+    assert cells[("random", 3, 0)] != cells[("random", 3, 1)]
+    assert heads_key([(1, 2), (0, 1)]) == heads_key([(0, 1), (1, 2)])
+
+
+# -- end to end on the planted retrieval head --------------------------------------------
+def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatch) -> None:
+    model, trials = planted
+    kw = dict(k=(1,), mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
+              progress=False)
+    df = evaluate(model, trials, {"locos": [PLANTED], "other": [(0, 0)]}, out_dir=tmp_path,
+                  **kw)
+    assert list(df.columns) == ["method", "k", "seed", "metric", "value", "n_trials"]
+    v = df.set_index(["method", "k", "metric"])["value"]
+    assert v[(BASELINE, 0, "contains")] == 1.0 and v[(BASELINE, 0, "rougeL")] > 0.6
+    assert v[("locos", 1, "contains")] == 0.0  # the copy head carried the answer
+    assert v[("other", 1, "contains")] == 1.0
+    assert set(df["n_trials"]) == {2}
+    lines = (tmp_path / "trials.jsonl").read_text().splitlines()
+    n_sets = len({json.loads(x)["heads_key"] for x in lines})
+    assert len(lines) == 2 * n_sets
+    assert json.loads((tmp_path / "meta.json").read_text())["settings"]["mode"] == "output_zero"
+
+    def no_decoding(*a, **k):
+        raise AssertionError("a finished generation was rerun")
+
+    # `locos_tl.evaluate` is the function; patch the module through sys.modules
+    monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode", no_decoding)
+    again = evaluate(model, trials, {"locos": [PLANTED], "other": [(0, 0)]},
+                     out_dir=tmp_path, **kw)
+    pd.testing.assert_frame_equal(df, again)
+
+
+def test_query_zero_on_planted_head_breaks_retrieval(planted) -> None:
+    model, trials = planted
+    df = evaluate(model, trials[:1], {"locos": [PLANTED]}, k=(1,), mode="query_zero",
+                  random=False, bottom=None, max_new_tokens=1, progress=False)
+    v = df.set_index(["method", "metric"])["value"]
+    assert v[(BASELINE, "contains")] == 1.0 and v[("locos", "contains")] == 0.0
+
+
+def test_mean_mode_without_means_raises(planted) -> None:
+    model, trials = planted
+    with pytest.raises(ValueError, match="calibration means"):
+        evaluate(model, trials, {"x": [PLANTED]}, mode="query_mean", progress=False)
+
+
+def test_cli_ablate(planted, tmp_path) -> None:
+    from typer.testing import CliRunner
+
+    from locos_tl.cli import app
+    from locos_tl.trials import save_trials
+
+    model, trials = planted
+    save_trials(trials, tmp_path / "trials.jsonl")
+    hs = HeadScores("locos", torch.tensor([[[0.0, 0.0, 0.0, 0.0], [0.0, 0.0, 5.0, 0.0]]]))
+    hs.save(tmp_path / "locos")
+    ckpt = model.original_model.config._name_or_path
+    res = CliRunner().invoke(app, [
+        "ablate", "--model", ckpt, "--heads", str(tmp_path / "locos"), "--trials",
+        str(tmp_path / "trials.jsonl"), "--k", "1", "--mode", "query_mean", "--seeds", "0",
+        "--max-new-tokens", "1", "--out", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    out = tmp_path / "run"
+    for f in ("evaluation.csv", "meta.json", "ablation.html", "means.safetensors"):
+        assert (out / f).exists(), f
+    df = pd.read_csv(out / "evaluation.csv")
+    assert set(df["method"]) == {BASELINE, "locos", "random", "locos_bottom"}
