@@ -172,11 +172,10 @@ def score_trials(
         DistributedError: ``workers`` > 1 without Ray installed (says how to install it).
     """
     if workers > 1 or ray_address is not None or distributed_kwargs:
-        from locos_tl.distributed import score_trials_distributed, worker_model_source
+        from locos_tl.distributed import score_trials_distributed
 
-        path, load_kwargs = worker_model_source(model, distributed_kwargs.pop("load_kwargs", None))
-        return score_trials_distributed(
-            path, trials, workers=workers, ray_address=ray_address, load_kwargs=load_kwargs,
+        return score_trials_distributed(  # the workers load `model` (name, path or bridge's)
+            model, trials, workers=workers, ray_address=ray_address,
             method=method, methods=methods, variant=variant, max_new_tokens=max_new_tokens,
             out_dir=out_dir, seed=seed, gate_threshold=gate_threshold, progress=progress,
             prefill_mode=prefill_mode, chunk_size=chunk_size, **distributed_kwargs,

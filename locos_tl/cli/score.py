@@ -50,6 +50,30 @@ def print_top(result: HeadScores | dict[str, HeadScores], k: int = 10) -> None:
         typer.echo(df.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
 
 
+def _parse_device_map(text: str | None) -> str | dict[str, Any] | None:
+    """``--device-map``: a strategy name (``auto``, ``balanced``, ...) or a JSON object."""
+    if text is None or not text.strip().startswith("{"):
+        return text
+    import json
+
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"--device-map is not valid JSON: {exc}") from exc
+
+
+def _tokenizer(model: str) -> Any:
+    """The model's tokenizer alone (distributed runs load the model in the workers)."""
+    from transformers import AutoTokenizer
+
+    from locos_tl.errors import ModelLoadError
+
+    try:
+        return AutoTokenizer.from_pretrained(model)
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"could not load the tokenizer of {model!r}: {exc}") from exc
+
+
 def _fail(exc: Exception) -> None:
     typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
     raise typer.Exit(code=2)
@@ -68,6 +92,20 @@ def score(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
     top: Annotated[int, typer.Option(help="How many top heads to print.")] = 10,
+    workers: Annotated[int, typer.Option(help="Ray workers (actors), one GPU each when "
+                                              "there are GPUs; > 1 needs "
+                                              "pip install \"locos_tl[ray]\".")] = 1,
+    ray_address: Annotated[str | None, typer.Option(help="Running Ray cluster (auto, "
+                                                         "host:6379, ray://host:10001); "
+                                                         "default: a local cluster for "
+                                                         "the run.")] = None,
+    device_map: Annotated[str | None, typer.Option(help="Placement over several GPUs: "
+                                                        "auto, balanced, sequential, or a "
+                                                        "JSON module->device map.")] = None,
+    gpus_per_worker: Annotated[float | None, typer.Option(help="GPUs per Ray worker "
+                                                               "(default 1 when there are "
+                                                               "GPUs; 2 for a model split "
+                                                               "over 2 GPUs).")] = None,
 ) -> None:
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
     from locos_tl.models import load_model
@@ -75,11 +113,30 @@ def score(
     from locos_tl.trials import load_trials
 
     try:
-        bridge = load_model(model, device=device, dtype=dtype)
-        trial_list = load_trials(trials, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
         methods = [m.strip() for m in method.split(",") if m.strip()]
-        result: Any = score_trials(bridge, trial_list, methods=methods, variant=variant,
-                                   max_new_tokens=max_new_tokens, out_dir=out)
+        placement = _parse_device_map(device_map)
+        if workers > 1 or ray_address is not None:
+            # the workers load the model; the driver only needs the tokenizer
+            from locos_tl.distributed import require_ray
+
+            require_ray()
+            load_kwargs: dict[str, Any] = {"dtype": dtype}
+            if device is not None:
+                load_kwargs["device"] = device
+            if placement is not None:
+                load_kwargs["device_map"] = placement
+            extra = {} if gpus_per_worker is None else {"num_gpus_per_worker": gpus_per_worker}
+            trial_list = load_trials(trials, _tokenizer(model))
+            result: Any = score_trials(model, trial_list, methods=methods, variant=variant,
+                                       max_new_tokens=max_new_tokens, out_dir=out,
+                                       workers=workers, ray_address=ray_address,
+                                       load_kwargs=load_kwargs, **extra)
+        else:
+            bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
+            trial_list = load_trials(trials, bridge.tokenizer,
+                                     n_ctx=getattr(bridge.cfg, "n_ctx", None))
+            result = score_trials(bridge, trial_list, methods=methods, variant=variant,
+                                  max_new_tokens=max_new_tokens, out_dir=out)
     except (LocosError, ValueError) as exc:
         _fail(exc)
     write_outputs(result, out)
