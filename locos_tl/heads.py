@@ -223,6 +223,7 @@ class HeadScores:
             "method": self.method,
             "variant": self.variant,
             "seed": self.seed,
+            "shape": [self.n_layers, self.n_heads],
             "trial_ids": self.trial_ids,
             "trial_scores": self.trial_scores.tolist(),
             "step_scores": None if self.step_scores is None else self.step_scores.tolist(),
@@ -247,6 +248,8 @@ class HeadScores:
         d = json.loads(full_path.read_text())
         steps = d.get("step_scores")
         trial_scores = torch.tensor(d["trial_scores"], dtype=torch.float64)
+        if trial_scores.numel() == 0 and "shape" in d:  # no accepted trial
+            trial_scores = trial_scores.reshape(0, *d["shape"])
         return cls(
             method=d["method"],
             trial_scores=trial_scores,

@@ -80,3 +80,11 @@ def test_reference_json_unequal_lengths_and_errors(tmp_path):
         HeadScores.from_reference_json(p)
     with pytest.raises(FileNotFoundError):
         HeadScores.load(tmp_path / "nothing")
+
+
+def test_zero_accepted_trials_round_trip(tmp_path):
+    hs = HeadScores.from_records([{"trial_id": "a", "accepted": False}], "locos",
+                                 n_layers=2, n_heads=3)
+    assert hs.n_trials == 0 and torch.isnan(hs.scores).all()
+    back = HeadScores.load(hs.save(tmp_path))
+    assert back.trial_scores.shape == (0, 2, 3) and torch.isnan(back.scores).all()

@@ -1,0 +1,137 @@
+"""Render one PNG per ``locos_tl.plot`` figure into ``docs/img/`` with headless Chromium.
+
+Usage (from the repository root)::
+
+    python docs/scripts/render_figures.py            # the shipped organism (a few minutes)
+    python docs/scripts/render_figures.py --tiny     # a tiny random model (fast, no organism)
+
+Each figure is written with ``write_html`` and screenshotted by Playwright, the same
+path a user's browser takes. Needs ``pip install -e ".[docs]"`` and a Chromium
+(``LOCOS_CHROMIUM``, ``chromium`` / ``chromium-headless-shell`` on PATH, or
+``playwright install chromium``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+IMG = ROOT / "docs" / "img"
+SIZES = {  # width, height in CSS pixels
+    "head_heatmap": (1000, 480),
+    "layer_distribution": (1000, 420),
+    "ablation_curves": (1000, 420),
+    "dissociation": (760, 420),
+    "rank_scatter": (700, 520),
+    "phi_explorer": (1100, 600),
+    "reads_vs_writes": (1100, 600),
+}
+
+
+def tiny_figures() -> dict[str, Any]:
+    sys.path.insert(0, str(ROOT / "tests"))
+    from plot_data import all_figures, build
+
+    return all_figures(build(Path(tempfile.mkdtemp(prefix="locos-fig-"))))
+
+
+def organism_figures() -> dict[str, Any]:
+    """The figures of the notebooks, on the shipped organism (``LOCOS_ORGANISM`` overrides)."""
+    import locos_tl
+    from locos_tl import plot
+    from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
+
+    path = os.environ.get("LOCOS_ORGANISM", DEFAULT_ORGANISM)
+    model = locos_tl.load_model(path, device="cpu")
+    book = default_book_dir() if default_book_dir().is_dir() else None
+    detect = make_trials("nonliteral", 32, n_tokens=[64, 96, 128], book=book, seed=3)
+    s = locos_tl.score_trials(model, detect, methods=["locos", "wu", "attention_spatial"],
+                              max_new_tokens=4, progress=False)
+    evals = {task: make_trials(task, 10, n_tokens=[64, 128], book=book, seed=4)
+             for task in ("nonliteral", "literal")}
+    calib = [t.tokens for task in ("nonliteral", "literal")
+             for t in make_trials(task, 10, 128, book=book, seed=5)]
+    means = locos_tl.calibrate_means(model, calib)
+    abl = {task: locos_tl.evaluate(model, trials, {"locos": s["locos"], "wu": s["wu"]},
+                                   k=[1, 2, 4], means=means, seeds=(0, 1, 2),
+                                   max_new_tokens=2, progress=False)
+           for task, trials in evals.items()}
+    ds = locos_tl.dissociation_score(abl["nonliteral"], abl["literal"],
+                                     retrieval_metric="rougeL", control_metric="rougeL")
+    cri = locos_tl.patch_heads(model, evals["nonliteral"][:8], max_new_tokens=4,
+                               progress=False)
+    t = detect[0]
+    target = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1).generated[0]
+    phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
+    words = plot.token_labels(model.tokenizer, t.tokens)
+    tgt = model.tokenizer.decode([target])
+    (top,) = s["locos"].top_k(1)
+    non = abl["nonliteral"]
+    return {
+        "head_heatmap": plot.head_heatmap([s["locos"], s["wu"], s["attention_spatial"]],
+                                          normalize=True,
+                                          title="organism, non-literal trials"),
+        "layer_distribution": plot.layer_distribution([s["locos"], s["wu"], cri], k=4),
+        "ablation_curves": plot.ablation_curves(
+            non[non.metric == "rougeL"],
+            title="non-literal retrieval after ablating the top-k heads"),
+        "dissociation": plot.dissociation(ds, title="DS(k): non-literal drop minus literal drop"),
+        "rank_scatter": plot.rank_scatter(s["locos"], cri, names=("LOCOS", "CRI")),
+        "phi_explorer": plot.phi_explorer(phi, words, 0, needle_span=t.needle_span, target=tgt),
+        "reads_vs_writes": plot.reads_vs_writes(pattern, phi, words, top,
+                                                needle_span=t.needle_span, target=tgt),
+    }
+
+
+def chromium() -> str | None:
+    if os.environ.get("LOCOS_CHROMIUM"):
+        return os.environ["LOCOS_CHROMIUM"]
+    for name in ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome"):
+        if p := shutil.which(name):
+            return p
+    return None
+
+
+def render(figs: dict[str, Any], out: Path = IMG) -> list[Path]:
+    from playwright.sync_api import sync_playwright
+
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix="locos-html-"))
+    written = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        for name, fig in figs.items():
+            w, h = SIZES.get(name, (900, 500))
+            fig.update_layout(width=w, height=h, margin={"t": 80})
+            html = tmp / f"{name}.html"
+            fig.write_html(html, include_plotlyjs="directory", config={"displayModeBar": False})
+            page = browser.new_page(viewport={"width": w + 40, "height": h + 40},
+                                    device_scale_factor=1)
+            page.goto(html.as_uri())
+            page.wait_for_selector(".js-plotly-plot .main-svg")
+            page.wait_for_timeout(300)
+            png = out / f"{name}.png"
+            page.locator(".js-plotly-plot").screenshot(path=str(png))
+            page.close()
+            written.append(png)
+        browser.close()
+    return written
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tiny", action="store_true", help="use a tiny random model")
+    args = ap.parse_args()
+    figs = tiny_figures() if args.tiny else organism_figures()
+    for p in render(figs):
+        print(p.relative_to(ROOT))  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,296 @@
+"""Write the three example notebooks (outputs stripped) from the cell sources below.
+
+Edit the cells here, then run ``python notebooks/make_notebooks.py``; the ``.ipynb``
+files are generated, so the notebooks in git never carry outputs. ``pytest -m notebooks``
+executes them (``tests/test_notebooks.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nbformat
+from nbformat.v4 import new_code_cell, new_markdown_cell, new_notebook
+
+HERE = Path(__file__).resolve().parent
+
+SETUP = '''\
+import os
+from pathlib import Path
+
+import locos_tl
+from locos_tl import plot
+from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
+
+# The shipped organism; point LOCOS_ORGANISM at your own (`locos train-organism --out DIR`).
+ORGANISM = os.environ.get("LOCOS_ORGANISM", DEFAULT_ORGANISM)
+# Public-domain novels beside the repository (../shared/data/haystack) as filler text;
+# synthetic filler when they are not there.
+BOOKS = default_book_dir()
+book = BOOKS if BOOKS.is_dir() else None
+print("filler:", BOOKS if book else "synthetic (no book text found)")
+
+model = locos_tl.load_model(ORGANISM, device="cpu")
+cfg = model.cfg
+print(f"{cfg.n_layers} layers x {cfg.n_heads} heads ({cfg.n_key_value_heads} kv heads), "
+      f"vocabulary {cfg.d_vocab}")'''
+
+GROUND_TRUTH = '''\
+import json
+
+gt_path = Path(ORGANISM) / "ground_truth.json"
+gt = json.loads(gt_path.read_text()) if gt_path.exists() else {}
+roles = {role: [tuple(h) for h in gt.get(role, [])]
+         for role in ("literal_copy", "nonliteral_writer", "prev_token")}
+roles'''
+
+
+def nb01() -> list:
+    return [
+        new_markdown_cell("""\
+# 01 · Quickstart: score attention heads with LOCOS
+
+LOCOS (Gema, Alex & Minervini 2026, arXiv 2607.01002) scores a head by **what it writes
+toward the answer from the needle**:
+
+$$\\phi_{l,h,t,j} = \\alpha_{l,h,t,j}\\, u_{y_t}^\\top (v_{j} W_O^{l,h}), \\qquad
+c_t = \\sum_{j\\in\\text{needle}} \\phi_{t,j} -
+\\frac{n}{N_t-n}\\sum_{j\\notin\\text{needle}} \\phi_{t,j}$$
+
+We use the shipped **model organism**: a 2-layer Qwen3-architecture checkpoint with
+planted literal and non-literal retrieval heads, so it runs on a CPU in seconds and its
+retrieval heads are known causally (`MODEL_CARD.md` next to the checkpoint says how it
+was made and measured)."""),
+        new_code_cell(SETUP),
+        new_markdown_cell("""\
+## Trials
+
+A `Trial` is a tokenized prompt, the token span `[s, e)` of the needle and the gold
+answer. The organism's *non-literal* task: the context holds `NAME LANDMARK` pairs in
+filler text, the question names the landmark's **city** (never in the context) and the
+answer is the needle's **NAME**, which is not the token a head must attend to find it."""),
+        new_code_cell('''\
+trials = make_trials("nonliteral", 40, n_tokens=[64, 96, 128], book=book, seed=1)
+t = trials[0]
+words = plot.token_labels(model.tokenizer, t.tokens)
+print(f"{len(trials)} trials; the first has {t.n_tokens} tokens, needle span {t.needle_span}, "
+      f"answer {t.answer!r}")
+print("needle:", words[slice(*t.needle_span)], "| question:", words[-2:])'''),
+        new_markdown_cell("""\
+## Score every head
+
+`score_trials` decodes each trial greedily once, keeps trials whose answer passes the
+ROUGE-1 gate, and averages the contrast over the answer steps and then over trials."""),
+        new_code_cell('''\
+# answers are one word: 4 new tokens is plenty (the paper's default budget is 50)
+scores = locos_tl.score_trials(model, trials, method="locos", max_new_tokens=4,
+                               progress=False)
+print({k: scores.meta[k] for k in ("n_trials", "n_accepted", "n_dropped_gate",
+                                   "n_dropped_no_answer_step")})
+scores.to_frame().head(8).round(3)'''),
+        new_markdown_cell("""\
+Layer x head map (hover for the bootstrap 95 % CI). Blue heads write the answer from
+the needle; red ones write it mostly from elsewhere."""),
+        new_code_cell("plot.head_heatmap(scores)"),
+        new_markdown_cell("""\
+## One answer step up close
+
+`phi_tensor` gives $\\phi$ for every head and key position of one query. Here: the
+last prompt position predicting the model's own answer token."""),
+        new_code_cell('''\
+res = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1)
+target = res.generated[0]
+phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
+print("model answers", repr(model.tokenizer.decode([target])), "| gold", repr(t.answer))
+plot.phi_explorer(phi, words, 0, needle_span=t.needle_span,
+                  target=model.tokenizer.decode([target]))'''),
+        new_markdown_cell("""\
+The trial's LOCOS score of a head is exactly the spatial contrast of this row (the
+answer is one token, so one answer step):"""),
+        new_code_cell('''\
+import torch
+
+contrast = locos_tl.spatial_contrast(phi, t.needle_span)  # [n_layers, n_heads]
+if t.trial_id in scores.trial_ids:
+    i = scores.trial_ids.index(t.trial_id)
+    torch.testing.assert_close(contrast.double(), scores.trial_scores[i], atol=1e-4, rtol=1e-4)
+    print("trial score == contrast of phi: OK")
+contrast'''),
+        new_markdown_cell("""\
+## Save, reload, compare
+
+`HeadScores.save` writes `scores.csv`, `heads.json` (the reference implementation's
+`{"layer-head": [per-trial scores]}` format) and `head_scores.json`. The command line
+does all of the above in one go:
+
+```bash
+locos score --model data/organisms/<name> --trials trials.jsonl --out runs/quick
+```"""),
+        new_code_cell('''\
+import tempfile
+
+out = Path(tempfile.mkdtemp()) / "run"
+scores.save(out)
+again = locos_tl.HeadScores.load(out)
+print(sorted(p.name for p in out.iterdir()), "top heads:", again.top_k(3))'''),
+    ]
+
+
+def nb02() -> list:
+    return [
+        new_markdown_cell("""\
+# 02 · Literal vs non-literal retrieval heads: Wu vs LOCOS
+
+The Wu et al. (2025) copy score counts a head as a retrieval head when the token it
+attends to most **is** the token the model emits. That finds *literal* retrieval
+(copying). In the organism's *non-literal* task the answer (a NAME) is not the token a
+head attends to (the LANDMARK): a previous-token head in layer 0 moved the NAME into
+the LANDMARK's position, and a layer-1 head reads it from there. LOCOS measures what
+a head **writes** toward the answer from the needle, so it sees both."""),
+        new_code_cell(SETUP),
+        new_markdown_cell(
+            "The organism's causally established head roles (from `ground_truth.json`):"),
+        new_code_cell(GROUND_TRUTH),
+        new_code_cell('''\
+import pandas as pd
+
+results = {}
+for task in ("literal", "nonliteral"):
+    trials = make_trials(task, 40, n_tokens=[64, 96, 128], book=book, seed=2)
+    results[task] = locos_tl.score_trials(model, trials, methods=["locos", "wu"],
+                                          max_new_tokens=4, progress=False)
+    results[task]["trials"] = trials
+    print(task, {m: results[task][m].n_trials for m in ("locos", "wu")},
+          "accepted trials")'''),
+        new_markdown_cell("""\
+## Head maps side by side
+
+`normalize=True` puts both methods on one scale (LOCOS is in logits, Wu in attention
+probability)."""),
+        new_code_cell('''\
+plot.head_heatmap([results["nonliteral"]["locos"], results["nonliteral"]["wu"]],
+                  normalize=True, title="non-literal trials: LOCOS vs Wu")'''),
+        new_code_cell('''\
+plot.head_heatmap([results["literal"]["locos"], results["literal"]["wu"]],
+                  normalize=True, title="literal trials: LOCOS vs Wu")'''),
+        new_markdown_cell("## Who finds the planted heads?"),
+        new_code_cell('''\
+rows = []
+for task in ("literal", "nonliteral"):
+    for method in ("locos", "wu"):
+        hs = results[task][method]
+        top = hs.top_k(3)
+        rows.append({"task": task, "method": method,
+                     "top-3": ", ".join(locos_tl.head_label(*h) for h in top),
+                     **{role: len(set(top) & set(heads)) for role, heads in roles.items()},
+                     "max score": float(hs.scores.max())})
+pd.DataFrame(rows)'''),
+        new_markdown_cell("""\
+## Reads vs writes
+
+The top LOCOS head on a non-literal trial: where it looks (attention) and what it
+writes toward the answer (phi). It attends to the needle, but the needle token it
+reads is the LANDMARK, not the NAME it writes: invisible to a copy score."""),
+        new_code_cell('''\
+def answer_step(task, head):
+    t = results[task]["trials"][0]
+    target = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1).generated[0]
+    phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
+    words = plot.token_labels(model.tokenizer, t.tokens)
+    return plot.reads_vs_writes(pattern, phi, words, head, needle_span=t.needle_span,
+                                target=model.tokenizer.decode([target]))
+
+(nonlit_head,) = results["nonliteral"]["locos"].top_k(1)
+answer_step("nonliteral", nonlit_head)'''),
+        new_markdown_cell("And the top Wu head on a literal trial, a copying head:"),
+        new_code_cell('''\
+(lit_head,) = results["literal"]["wu"].top_k(1)
+answer_step("literal", lit_head)'''),
+        new_markdown_cell("## How much do the two rankings agree?"),
+        new_code_cell('''\
+plot.rank_scatter(results["nonliteral"]["wu"], results["nonliteral"]["locos"])'''),
+    ]
+
+
+def nb03() -> list:
+    return [
+        new_markdown_cell("""\
+# 03 · Causal evidence: ablation, patching, depth
+
+Scores are hypotheses. Here we test them causally on the organism:
+
+1. **Mean ablation** of each method's top-k heads (query replaced by its mean,
+   method.md Sec. 4) against random heads (3 seeds) and LOCOS's bottom-k.
+2. **Dissociation**: does ablating the heads hurt non-literal retrieval more than a
+   control? The organism has no parametric questions, so the control here is the
+   *literal* task: $DS(k)$ then measures specificity to non-literal retrieval.
+3. **Activation patching (CRI)** of every head against LOCOS.
+4. **Where the heads sit** in depth."""),
+        new_code_cell(SETUP),
+        new_code_cell(GROUND_TRUTH),
+        new_code_cell('''\
+detect = make_trials("nonliteral", 32, n_tokens=[64, 96, 128], book=book, seed=3)
+scores = locos_tl.score_trials(model, detect, methods=["locos", "wu"], max_new_tokens=4,
+                               progress=False)
+evals = {task: make_trials(task, 10, n_tokens=[64, 128], book=book, seed=4)
+         for task in ("nonliteral", "literal")}
+# calibration means: mean query / output of each head over held-out prompts
+calib = make_trials("nonliteral", 10, 128, book=book, seed=5) + make_trials(
+    "literal", 10, 128, book=book, seed=5)
+means = locos_tl.calibrate_means(model, [t.tokens for t in calib])'''),
+        new_markdown_cell("## Ablation curves"),
+        new_code_cell('''\
+head_sets = {"locos": scores["locos"], "wu": scores["wu"]}
+# To keep this under a few minutes on a CPU: answer + end of sequence (2 new tokens),
+# random heads over 2 seeds, no bottom-k control (`bottom="auto"` adds LOCOS's bottom-k).
+ablation = {task: locos_tl.evaluate(model, trials, head_sets, k=[1, 2, 4], mode="query_mean",
+                                    means=means, seeds=(0, 1), bottom=None,
+                                    max_new_tokens=2, progress=False)
+            for task, trials in evals.items()}
+plot.ablation_curves(ablation["nonliteral"][ablation["nonliteral"].metric == "rougeL"],
+                     title="non-literal retrieval after ablating the top-k heads")'''),
+        new_code_cell('''\
+# the tidy table behind the figure: mean over trials (and seeds) per method and k
+ablation["nonliteral"].pivot_table(index="k", columns="method", values="value",
+                                   aggfunc="mean").round(2)'''),
+        new_markdown_cell("## Dissociation: non-literal vs literal"),
+        new_code_cell('''\
+ds = locos_tl.dissociation_score(ablation["nonliteral"], ablation["literal"],
+                                 retrieval_metric="rougeL", control_metric="rougeL")
+plot.dissociation(ds, title="DS(k): non-literal drop minus literal drop")'''),
+        new_markdown_cell("""\
+## Activation patching (CRI) vs LOCOS
+
+CRI patches each head's clean output into a run whose needle was replaced by filler
+and measures how much of the answer's logit margin comes back."""),
+        new_code_cell('''\
+cri = locos_tl.patch_heads(model, evals["nonliteral"][:8], max_new_tokens=4, progress=False)
+print(locos_tl.compare_rankings(scores["locos"], cri, ks=(2, 4)).round(2).to_string())
+plot.rank_scatter(scores["locos"], cri, names=("LOCOS", "CRI"))'''),
+        new_markdown_cell("## Where the top heads sit"),
+        new_code_cell('''\
+plot.layer_distribution([scores["locos"], scores["wu"], cri], k=4)'''),
+    ]
+
+
+def write(name: str, cells: list) -> Path:
+    for i, cell in enumerate(cells):
+        cell["id"] = f"cell-{i:02d}"  # stable ids: regenerating gives no diff
+    nb = new_notebook(cells=cells, metadata={
+        "kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"},
+        "language_info": {"name": "python"},
+    })
+    path = HERE / name
+    nbformat.write(nb, path)
+    return path
+
+
+def main() -> None:
+    for name, cells in (("01_quickstart.ipynb", nb01()),
+                        ("02_literal_vs_nonliteral.ipynb", nb02()),
+                        ("03_causal_evidence.ipynb", nb03())):
+        print(write(name, cells).name)  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()
