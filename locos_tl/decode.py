@@ -6,7 +6,7 @@ each decode step runs through the TransformerBridge with hooks on
 ``blocks.{l}.attn.hook_pattern`` (only the query row is kept) and the norm scales; values
 are read from the KV cache (they equal ``hook_v``). Memory is linear in context length:
 no ``N x N`` tensor is kept, and the bridge's eager attention sees at most
-``chunk_size x N`` scores at a time.
+``chunk_size x N`` scores at a time (SDPA twin: one causal call, linear memory).
 
 Decoding step ``t`` is the forward position whose logits choose ``y_t``: step 1 is the
 last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (method.md Sec. 1).
@@ -153,13 +153,17 @@ def sdpa_twin(model: Any) -> Any | None:
 
 @torch.no_grad()
 def prefill(
-    model: Any, tokens: Tensor, *, mode: str = "auto", chunk_size: int = 1024
+    model: Any, tokens: Tensor, *, mode: str = "auto", chunk_size: int | None = None
 ) -> Any:
     """Fill a fresh KV cache with ``tokens`` (``[1, P]``); returns the cache.
 
     Args:
-        mode: ``"sdpa"`` (twin model, fastest), ``"bridge"`` (bridge forward in query
-            chunks of ``chunk_size``), or ``"auto"`` (twin when available).
+        mode: ``"sdpa"`` (twin model, fastest), ``"bridge"`` (the bridge's own eager
+            forward), or ``"auto"`` (twin when available and no hook is attached).
+        chunk_size: queries per forward. Default: the whole prompt for the SDPA twin
+            (its causal kernel never forms an ``N x N`` tensor, so memory is linear and
+            one call is fastest) and 1024 for the bridge, whose eager attention forms
+            ``[n_heads, chunk, N]`` scores.
 
     Raises:
         ValueError: unknown mode.
@@ -174,8 +178,10 @@ def prefill(
     twin = sdpa_twin(model) if mode in ("auto", "sdpa") else None
     if mode == "sdpa" and twin is None:
         raise ValueError("no SDPA twin can be built for this model; use prefill='bridge'")
-    for i in range(0, tokens.shape[1], chunk_size if twin is None else tokens.shape[1]):
-        chunk = tokens[:, i : i + (chunk_size if twin is None else tokens.shape[1])]
+    if chunk_size is None:
+        chunk_size = tokens.shape[1] if twin is not None else 1024
+    for i in range(0, tokens.shape[1], chunk_size):
+        chunk = tokens[:, i : i + chunk_size]
         if twin is not None:
             twin(chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
         else:
@@ -217,7 +223,7 @@ def greedy_decode(
     stop_at_newline: bool = True,
     stop_at_eos: bool = True,
     prefill_mode: str = "auto",
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     forced_tokens: Sequence[int] | None = None,
 ) -> DecodeResult:
     """Free greedy decoding through the bridge, calling ``on_step`` at every step.

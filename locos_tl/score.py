@@ -61,7 +61,7 @@ def run_trial(
     max_new_tokens: int = 50,
     gate_threshold: float = GATE_THRESHOLD,
     prefill_mode: str = "auto",
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
 ) -> dict[str, Any]:
     """Decode one trial and return its record (JSON-serialisable).
 
@@ -127,7 +127,7 @@ def score_trials(
     gate_threshold: float = GATE_THRESHOLD,
     progress: bool = True,
     prefill_mode: str = "auto",
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     workers: int = 1,
     ray_address: str | None = None,
     **distributed_kwargs: Any,
