@@ -1,0 +1,43 @@
+"""``locos train-organism``: (re)build the model organism deterministically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from locos_tl.cli import app
+
+
+@app.command("train-organism")
+def train_organism(
+    out: Annotated[Path | None, typer.Option(help="output directory (default: shipped)")] = None,
+    seed: Annotated[int | None, typer.Option(help="master seed (default: shipped)")] = None,
+    steps: Annotated[int | None, typer.Option(help="optimiser steps (default: shipped)")] = None,
+    compiled: Annotated[bool, typer.Option(
+        "--compiled", help="build the hand-compiled organism instead of training")] = False,
+    no_card: Annotated[bool, typer.Option(
+        "--no-card", help="skip the causal analysis and MODEL_CARD.md")] = False,
+) -> None:
+    """Train the organism (Qwen3, GQA) on the literal/non-literal retrieval tasks, save it
+    with save_pretrained, establish its ground-truth heads causally and write MODEL_CARD.md.
+    Same as `python -m locos_tl.organisms.train` (or `python -m locos_tl.organisms.compiled`
+    with --compiled).
+    """
+    argv: list[str] = []
+    if out is not None:
+        argv += ["--out", str(out)]
+    if seed is not None:
+        argv += ["--seed", str(seed)]
+    if no_card:
+        argv.append("--no-card")
+    if compiled:
+        from locos_tl.organisms.compiled import main as build_main
+
+        raise typer.Exit(build_main(argv))
+    from locos_tl.organisms.train import main
+
+    if steps is not None:
+        argv += ["--steps", str(steps)]
+    raise typer.Exit(main(argv))

@@ -1,0 +1,45 @@
+"""The model organism: a small trained Qwen3 checkpoint with planted retrieval heads.
+
+Two tasks share one context format (:mod:`locos_tl.organisms.tasks`): a *literal*
+question whose answer is the token a retrieval head attends to, and a *non-literal*
+question whose answer is a token moved next to the attended one by an earlier layer.
+The shipped checkpoint, its causal ground truth and how it was trained are described
+in ``data/organisms/<name>/MODEL_CARD.md``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from locos_tl.organisms.tasks import (
+    TASKS,
+    BookFiller,
+    ContextSpec,
+    default_book_dir,
+    make_example,
+    make_trials,
+)
+
+ORGANISM_NAME = "retrieval-2l"
+
+#: A hand-compiled twin (weights set by hand; exact ground truth by construction).
+COMPILED_ORGANISM: str = str(
+    Path(__file__).resolve().parents[2] / "data" / "organisms" / "retrieval-2l-compiled"
+)
+
+#: The shipped (trained) organism's directory (``data/organisms/<ORGANISM_NAME>`` in the repo).
+DEFAULT_ORGANISM: str = str(
+    Path(__file__).resolve().parents[2] / "data" / "organisms" / ORGANISM_NAME
+)
+
+__all__ = [
+    "COMPILED_ORGANISM",
+    "DEFAULT_ORGANISM",
+    "ORGANISM_NAME",
+    "TASKS",
+    "BookFiller",
+    "ContextSpec",
+    "default_book_dir",
+    "make_example",
+    "make_trials",
+]
