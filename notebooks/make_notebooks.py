@@ -1,4 +1,4 @@
-"""Write the three example notebooks (outputs stripped) from the cell sources below.
+"""Write the example notebooks (outputs stripped) from the cell sources below.
 
 Edit the cells here, then run ``python notebooks/make_notebooks.py``; the ``.ipynb``
 files are generated, so the notebooks in git never carry outputs. ``pytest -m notebooks``
@@ -43,6 +43,62 @@ gt = json.loads(gt_path.read_text()) if gt_path.exists() else {}
 roles = {role: [tuple(h) for h in gt.get(role, [])]
          for role in ("literal_copy", "nonliteral_writer", "prev_token")}
 roles'''
+
+
+def nb00() -> list:
+    return [
+        new_markdown_cell("""\
+# 00 · The model organism: ground truth for retrieval-head detectors
+
+Nobody knows which heads of Qwen3-8B "really" retrieve. The shipped **model organism**
+is a small Qwen3-architecture checkpoint trained on two retrieval tasks in one context
+format, whose mechanism was established causally (head ablation and activation
+patching, independently of LOCOS): see `MODEL_CARD.md` next to the checkpoint. This
+notebook trains nothing: it loads the organism, shows the tasks, measures accuracy and
+draws the LOCOS heatmap."""),
+        new_code_cell(SETUP),
+        new_code_cell("print((Path(ORGANISM) / 'MODEL_CARD.md').read_text()[:1500])"),
+        new_markdown_cell("""\
+## The two tasks
+
+The context holds `NAME LANDMARK` pairs (one is the needle), lone distractor names and
+lone distractor landmarks in filler text.
+
+- **literal** (NIAH-like): the question gives the needle's NAME, the answer is its
+  LANDMARK — the token a retrieval head attends to is the token it outputs.
+- **non-literal** (NoLiMa-like): the question gives the landmark's *city* (a hidden map
+  that exists only in the training data), the answer is the NAME — a head attends to
+  the LANDMARK and writes the NAME, which an earlier layer moved there."""),
+        new_code_cell('''\
+for task in ("literal", "nonliteral"):
+    t = make_trials(task, 1, n_tokens=48, book=book, seed=7)[0]
+    words = plot.token_labels(model.tokenizer, t.tokens)
+    print(f"{task}: ... {' '.join(words[-20:])}  ->  {t.answer!r}; "
+          f"needle {words[slice(*t.needle_span)]}")'''),
+        new_markdown_cell("## Accuracy (greedy decoding, held-out trials)"),
+        new_code_cell('''\
+import pandas as pd
+
+rows = []
+for task in ("literal", "nonliteral"):
+    for n_tokens in (64, 128):
+        trials = make_trials(task, 30, n_tokens=n_tokens, book=book, seed=3)
+        hits = [locos_tl.greedy_decode(model, t.tokens, max_new_tokens=3).text == t.answer
+                for t in trials]
+        rows.append({"task": task, "tokens": n_tokens, "accuracy": sum(hits) / len(hits)})
+pd.DataFrame(rows)'''),
+        new_code_cell(GROUND_TRUTH),
+        new_markdown_cell("""\
+## LOCOS heatmap on the non-literal task
+
+The non-literal writers attend to the landmark and write the name: LOCOS, which scores
+what a head writes toward the answer from the needle, ranks them first."""),
+        new_code_cell('''\
+trials = make_trials("nonliteral", 40, n_tokens=[64, 128], book=book, seed=11)
+scores = locos_tl.score_trials(model, trials, method="locos", max_new_tokens=4)
+print("top-3 LOCOS heads:", scores.top_k(3), "| documented writers:", roles["nonliteral_writer"])
+plot.head_heatmap(scores)'''),
+    ]
 
 
 def nb01() -> list:
@@ -286,7 +342,8 @@ def write(name: str, cells: list) -> Path:
 
 
 def main() -> None:
-    for name, cells in (("01_quickstart.ipynb", nb01()),
+    for name, cells in (("00_organism.ipynb", nb00()),
+                        ("01_quickstart.ipynb", nb01()),
                         ("02_literal_vs_nonliteral.ipynb", nb02()),
                         ("03_causal_evidence.ipynb", nb03())):
         print(write(name, cells).name)  # noqa: T201

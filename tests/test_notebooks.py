@@ -1,4 +1,4 @@
-"""Execute the three example notebooks top to bottom (nbclient); any error fails.
+"""Execute the example notebooks top to bottom (nbclient); any error fails.
 
 Marked ``notebooks`` (run with ``pytest -m notebooks``): each takes a few minutes on a
 CPU. Needs the shipped organism (``data/organisms/``); the book text in
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
-NAMES = ["01_quickstart.ipynb", "02_literal_vs_nonliteral.ipynb", "03_causal_evidence.ipynb"]
+NAMES = ["00_organism.ipynb", "01_quickstart.ipynb", "02_literal_vs_nonliteral.ipynb", "03_causal_evidence.ipynb"]
 BUDGET_S = 300  # each notebook must run in under 5 minutes on a 2-core CPU
 
 
