@@ -549,7 +549,7 @@ class ScoreSpec:
     max_new_tokens: int
     gate_threshold: float
     prefill_mode: str = "auto"
-    chunk_size: int = 1024
+    chunk_size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -629,7 +629,7 @@ def score_trials_distributed(
     gate_threshold: float | None = None,
     progress: bool = True,
     prefill_mode: str = "auto",
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     pool: RayPool | None = None,
     on_record: Callable[[ResultEvent], None] | None = None,
     **pool_kwargs: Any,
@@ -750,7 +750,8 @@ def score_trials_distributed(
     finally:
         if own:
             pool.close()
-    return aggregate(records, names, model=shape, variant=variant, meta=meta, seed=seed)
+    return aggregate(records, names, model=shape, variant=variant, meta=meta, seed=seed,
+                     as_dict=methods is not None)
 
 
 # -- ablation sweeps ------------------------------------------------------------------

@@ -142,7 +142,8 @@ def score_trials(
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
         method: one method name (ignored when ``methods`` is given).
-        methods: several method names; then a ``{method: HeadScores}`` dict is returned.
+        methods: method names sharing one decode pass; then a ``{method: HeadScores}``
+            dict is returned (also for a single name).
         variant: ``"raw"`` (paper) or ``"exact"`` (norm scales frozen; phi sums to DLA).
         max_new_tokens: greedy decoding budget per trial.
         out_dir: run directory; one JSON line per finished trial is appended to
@@ -214,7 +215,8 @@ def score_trials(
             if store is not None:
                 store.append(rec)
         records.append(rec)
-    return aggregate(records, names, model=model, variant=variant, meta=meta, seed=seed)
+    return aggregate(records, names, model=model, variant=variant, meta=meta, seed=seed,
+                     as_dict=methods is not None)
 
 
 def aggregate(
@@ -225,8 +227,13 @@ def aggregate(
     variant: str,
     meta: dict[str, Any],
     seed: int = 0,
+    as_dict: bool | None = None,
 ) -> HeadScores | dict[str, HeadScores]:
-    """Build :class:`HeadScores` from per-trial records (order-independent)."""
+    """Build :class:`HeadScores` from per-trial records (order-independent).
+
+    Returns a ``{method: HeadScores}`` dict when ``as_dict`` (default: when there are
+    several methods), else the one method's :class:`HeadScores`.
+    """
     counts = {
         "n_trials": len(records),
         "n_accepted": sum(bool(r["accepted"]) for r in records),
@@ -239,4 +246,6 @@ def aggregate(
                                    meta={**meta, **counts}, seed=seed)
         for m in methods
     }
-    return out if len(methods) > 1 else out[methods[0]]
+    if as_dict is None:
+        as_dict = len(methods) > 1
+    return out if as_dict else out[methods[0]]
