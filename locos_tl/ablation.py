@@ -1,6 +1,6 @@
 """Head ablation: replace a head's query or output by its calibration mean (or zero).
 
-The paper's ablation (Gema, Alex & Minervini 2026, arXiv 2607.01002, Sec. 4; method.md
+The paper's ablation (Gema, Alex & Minervini 2026, arXiv 2607.01002, Sec. 4; docs/concepts.md
 Sec. 4) replaces a head's **query** -- ``blocks.{l}.attn.hook_q``, the output of
 ``q_proj``, before QK-norm and rotary in TransformerLens 4.3's bridge -- by its mean over
 the token positions of calibration text (mean per prompt, then mean of those means).
@@ -99,7 +99,7 @@ def calibrate_means(
     chunk_size: int = 1024,
     progress: bool = False,
 ) -> AblationMeans:
-    """Mean query and output of every head over calibration text (method.md Sec. 4).
+    """Mean query and output of every head over calibration text (docs/concepts.md).
 
     The paper uses 50 raw-text prompts of at most 5000 tokens: for each prompt the mean
     over its token positions, then the mean of those per-prompt means (so every prompt
@@ -168,7 +168,12 @@ def check_mode(mode: str) -> AblationMode:
     return mode  # type: ignore[return-value]
 
 
-def _check_heads(model: Any, heads: Sequence[Head]) -> list[Head]:
+def check_heads(model: Any, heads: Sequence[Head]) -> list[Head]:
+    """``heads`` as ``(layer, head)`` int pairs.
+
+    Raises:
+        ValueError: a head outside the model's layers x heads.
+    """
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     out = []
     for lh in heads:
@@ -192,7 +197,7 @@ def ablation_hooks(
             ``means`` (or with means of another shape).
     """
     mode = check_mode(mode)
-    heads = _check_heads(model, heads)
+    heads = check_heads(model, heads)
     kind, fill = mode.split("_")
     L, H, d = int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
     table = None
@@ -237,7 +242,7 @@ def ablate(
 ) -> Iterator[Any]:
     """Ablate attention heads for every forward pass run inside the block.
 
-    Modes (method.md Sec. 4):
+    Modes (docs/concepts.md):
         - ``query_mean`` (paper): the head's query at ``hook_q`` (before QK-norm and
           rotary) is replaced by its calibration mean at every position.
         - ``query_zero``: the query is set to 0, so every attention score is 0 and the

@@ -1,6 +1,6 @@
 """Which generated steps are answer steps, and whether a trial passes the gate.
 
-method.md Sec. 2 "Which steps count" (Gema, Alex & Minervini 2026, arXiv 2607.01002):
+docs/concepts.md "Which steps count" (Gema, Alex & Minervini 2026, arXiv 2607.01002):
 a trial is kept when the ROUGE-1 recall of the response against the gold answer is
 > 0.5 (``rouge_score``, stemmer on); its answer steps are the first exact contiguous
 occurrence of the tokenized gold answer (with or without a leading space) in the

@@ -1,6 +1,6 @@
 """Agreement between two head rankings (e.g. LOCOS vs CRI), overall and per layer third.
 
-method.md Sec. 3: Spearman rho, Kendall tau (``scipy.stats``) and top-k overlap for
+docs/concepts.md: Spearman rho, Kendall tau (``scipy.stats``) and top-k overlap for
 k in {10, 20, 50}, also by layer bucket, to ask whether the direct-path approximation of
 LOCOS (Gema, Alex & Minervini 2026, arXiv 2607.01002) hides mid-layer heads that the
 causal score (CRI) finds.

@@ -9,7 +9,7 @@ no ``N x N`` tensor is kept, and the bridge's eager attention sees at most
 ``chunk_size x N`` scores at a time (SDPA twin: one causal call, linear memory).
 
 Decoding step ``t`` is the forward position whose logits choose ``y_t``: step 1 is the
-last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (method.md Sec. 1).
+last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (docs/concepts.md).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Ablation sweeps: answer quality after ablating the top-k heads of each ranking.
 
-method.md Sec. 4 (Gema, Alex & Minervini 2026, arXiv 2607.01002): for k in
+docs/concepts.md (Gema, Alex & Minervini 2026, arXiv 2607.01002): for k in
 {1, 5, 10, 20, 50, 100} ablate the k best heads of each method (and the controls:
 seeded random heads over 3 seeds, the bottom-k of LOCOS), decode greedily with the
 ablation active over the whole prompt and every generated token, and score the
@@ -25,7 +25,14 @@ import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
-from locos_tl.ablation import AblationMeans, AblationMode, ablate, check_mode, random_heads
+from locos_tl.ablation import (
+    AblationMeans,
+    AblationMode,
+    ablate,
+    check_heads,
+    check_mode,
+    random_heads,
+)
 from locos_tl.decode import greedy_decode
 from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_name
@@ -151,7 +158,7 @@ def evaluate(
     ray_address: str | None = None,
     **distributed_kwargs: Any,
 ) -> pd.DataFrame:
-    """Answer quality after ablating each method's top-k heads (method.md Sec. 4).
+    """Answer quality after ablating each method's top-k heads (docs/concepts.md).
 
     Every generation is free greedy decoding (at most ``max_new_tokens``) with the
     ablation active at every prompt position and every generated token (the prompt is
@@ -205,6 +212,16 @@ def evaluate(
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     jobs = build_jobs(head_sets, k, n_layers=L, n_heads=H, seeds=seeds, random=random,
                       bottom=bottom)
+    for name, hs in head_sets.items():  # fail before any generation, not halfway through
+        if isinstance(hs, HeadScores):
+            if (hs.n_layers, hs.n_heads) != (L, H):
+                raise ValueError(f"head set {name!r} scores {hs.n_layers} layers x "
+                                 f"{hs.n_heads} heads; the model has {L} x {H}")
+            if hs.n_trials == 0:
+                raise ValueError(f"head set {name!r} has no accepted trial: its ranking is "
+                                 "all NaN")
+    for job in jobs:
+        check_heads(model, job.heads)
     settings = {
         "model": model_name(model), "mode": mode, "means_hash": means_hash(means),
         "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
@@ -294,7 +311,7 @@ def dissociation_score(
     retrieval_metric: str = "rougeL",
     control_metric: str = "contains",
 ) -> pd.DataFrame:
-    """Dissociation score ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (method.md Sec. 4).
+    """Dissociation score ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (docs/concepts.md).
 
     ``R``: retrieval metric, ``P``: control metric (parametric recall or arithmetic),
     index 0: no ablation (the ``"baseline"`` row). Values are first averaged over

@@ -1,6 +1,6 @@
 """``HeadScores``: per-head scores of one method, built from per-trial records.
 
-Aggregation (method.md Sec. 2): head score = mean over accepted trials of the per-trial
+Aggregation (docs/concepts.md): head score = mean over accepted trials of the per-trial
 score; also the step-pooled mean (every used step weighted equally) and a bootstrap
 95 % CI over trials (1000 resamples, seeded).
 """
@@ -244,7 +244,10 @@ class HeadScores:
         if not full_path.exists():
             if (out / "heads.json").exists():
                 return cls.from_reference_json(out / "heads.json")
-            raise FileNotFoundError(f"no head_scores.json or heads.json in {out}")
+            subs = sorted(p.parent.name for p in out.glob("*/head_scores.json"))
+            hint = (f"; it holds several methods: use one of "
+                    f"{', '.join(str(out / s) for s in subs)}") if subs else ""
+            raise FileNotFoundError(f"no head_scores.json or heads.json in {out}{hint}")
         d = json.loads(full_path.read_text())
         steps = d.get("step_scores")
         trial_scores = torch.tensor(d["trial_scores"], dtype=torch.float64)

@@ -1,6 +1,6 @@
 """Causal retrieval importance (CRI): per-head activation patching, clean -> corrupted.
 
-method.md Sec. 3 (Gema, Alex & Minervini 2026, arXiv 2607.01002, causal baseline): for
+docs/concepts.md (Gema, Alex & Minervini 2026, arXiv 2607.01002, causal baseline): for
 each trial build a *corrupted* prompt (the needle replaced by as many filler tokens, or
 the character name swapped), run it, and for every head ``(l, h)`` rerun it with the
 head's output ``hook_z`` taken from the clean run at every position. At the position
@@ -327,7 +327,7 @@ def patch_heads(
     out_dir: str | Path | None = None,
     progress: bool = True,
 ) -> HeadScores:
-    """Causal retrieval importance of every head (method.md Sec. 3), over trials.
+    """Causal retrieval importance of every head (docs/concepts.md), over trials.
 
     Args:
         model: a TransformerBridge.

@@ -405,7 +405,7 @@ def dissociation(df: pd.DataFrame, *, title: str | None = None) -> go.Figure:
     """Dissociation score ``DS(k)`` per method.
 
     ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (R: retrieval metric, P: control
-    metric such as parametric recall or arithmetic, 0: no ablation; method.md Sec. 4).
+    metric such as parametric recall or arithmetic, 0: no ablation; docs/concepts.md).
     Near 1: the heads are needed for retrieval only; near 0: the ablation hurts both
     alike, or neither. Unitless.
 

@@ -1,6 +1,6 @@
 """Scoring heads over trials: one greedy decode per trial feeds every detector.
 
-Pipeline per trial (method.md Sec. 2): free greedy decoding (at most
+Pipeline per trial (docs/concepts.md): free greedy decoding (at most
 ``max_new_tokens``, stop at newline / EOS) -> ROUGE-1 recall gate (> 0.5) -> answer
 steps -> per-step head values of every detector -> one JSON record. Head scores are
 aggregated from records (:meth:`HeadScores.from_records`), so resumed runs and runs
@@ -27,7 +27,7 @@ from locos_tl.records import RecordStore
 from locos_tl.trials import Trial, trial_set_hash
 from locos_tl.unembed import AnswerDirections, check_variant
 
-RESUME_KEYS = ("model", "variant", "max_new_tokens", "gate_threshold")
+RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold")
 
 
 def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
@@ -135,7 +135,7 @@ def score_trials(
     """Score every attention head over retrieval trials.
 
     LOCOS (Gema, Alex & Minervini 2026, arXiv 2607.01002, Eq. 2-3) by default; the
-    baselines ``wu``, ``headkv``, ``attention_spatial`` and ``dla`` (method.md Sec. 3)
+    baselines ``wu``, ``headkv``, ``attention_spatial`` and ``dla`` (docs/concepts.md)
     share the same decode pass when several are asked with ``methods=[...]``.
 
     Args:
@@ -187,10 +187,16 @@ def score_trials(
     detectors = [get_detector(m) for m in names]
     variant = check_variant(variant)
     trials = list(trials)
+    if not trials:
+        raise ValueError("no trials to score")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_trials_fit(model, trials, max_new_tokens)
     directions = AnswerDirections(model, variant) if any(d.needs_phi for d in detectors) else None
     settings = {
         "model": model_name(model),
+        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
+        "device": str(next(model.parameters()).device),
         "variant": variant,
         "methods": names,
         "max_new_tokens": max_new_tokens,

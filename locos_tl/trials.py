@@ -158,10 +158,14 @@ def span_from_offsets(
     a0, b1 = offsets[s][0], offsets[e - 1][1]
     head, tail = text[a0:start], text[end:b1]
     if head.strip() or tail.strip():
+        cut = []
+        if head.strip():
+            cut.append(f"{head!r} before it (characters [{a0}, {start}))")
+        if tail.strip():
+            cut.append(f"{tail!r} after it (characters [{end}, {b1}))")
         raise TrialError(
-            "needle is not aligned to whole tokens: token(s) at the edges also cover "
-            f"{head!r} before and {tail!r} after the needle "
-            f"(characters [{a0}, {start}) and [{end}, {b1}))"
+            "needle is not aligned to whole tokens: the tokens at its edges also cover "
+            + " and ".join(cut)
         )
     return s, e
 

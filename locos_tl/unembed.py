@@ -3,7 +3,7 @@
 ``raw`` (paper default, the "direct path"): ``u_y = W_U[:, y]``; the final norm's gain
 and per-token ``1/rms``, and post-attention norms, are ignored.
 
-``exact`` (this project's addition, method.md Sec. 2): every norm scale is frozen at its
+``exact`` (this project's addition, docs/concepts.md): every norm scale is frozen at its
 forward-pass value, so a head's write ``r`` reaches logit ``y`` as
 ``r . u_eff`` with ``u_eff = (g_post / s_post) * (g_final / s_final) * W_U[:, y]``
 (``g`` = ``offset + gamma``; offset 1 for Gemma-style RMSNorm), centred first when the

@@ -132,6 +132,27 @@ def test_mean_mode_without_means_raises(planted) -> None:
         evaluate(model, trials, {"x": [PLANTED]}, mode="query_mean", progress=False)
 
 
+def test_unusable_head_sets_fail_before_generation(planted, monkeypatch) -> None:
+    import torch
+
+    from locos_tl.heads import HeadScores
+
+    model, trials = planted
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    import sys  # `locos_tl.evaluate` the attribute is the function; patch the module
+
+    monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode",
+                        lambda *a, **k: pytest.fail("generation started"))
+    with pytest.raises(ValueError, match=r"head \(9, 0\) is outside the model"):
+        evaluate(model, trials, {"x": [(9, 0)]}, k=(1,), mode="query_zero", progress=False)
+    other = HeadScores(method="locos", trial_scores=torch.ones(2, L + 1, H))
+    with pytest.raises(ValueError, match="the model has"):
+        evaluate(model, trials, {"locos": other}, k=(1,), mode="query_zero", progress=False)
+    empty = HeadScores(method="locos", trial_scores=torch.zeros(0, L, H))
+    with pytest.raises(ValueError, match="no accepted trial"):
+        evaluate(model, trials, {"locos": empty}, k=(1,), mode="query_zero", progress=False)
+
+
 def test_cli_ablate(planted, tmp_path) -> None:
     from typer.testing import CliRunner
 

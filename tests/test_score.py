@@ -101,3 +101,17 @@ def test_bad_inputs_fail_before_any_work(qwen3, trials, monkeypatch):
         score_trials(qwen3, trials, method="nope")
     with pytest.raises(ValueError, match="unknown variant"):
         score_trials(qwen3, trials, variant="approx")
+    with pytest.raises(ValueError, match="no trials to score"):
+        score_trials(qwen3, [])
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+        score_trials(qwen3, trials, max_new_tokens=0)
+
+
+def test_resume_refuses_another_dtype(qwen3, tiny_dirs, own_answer_trials, tmp_path):
+    from locos_tl import load_model
+
+    score_trials(qwen3, own_answer_trials[:1], max_new_tokens=8, out_dir=tmp_path, progress=False)
+    bf16 = load_model(tiny_dirs["qwen3"], device="cpu", dtype="bfloat16")
+    with pytest.raises(LocosError, match="dtype: 'float32' != 'bfloat16'"):
+        score_trials(bf16, own_answer_trials[:1], max_new_tokens=8, out_dir=tmp_path,
+                     progress=False)

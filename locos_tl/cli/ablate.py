@@ -128,11 +128,11 @@ def ablate(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
     workers: Annotated[int, typer.Option(help="Ray workers for the generations, one GPU "
                                               "each when there are GPUs; > 1 needs "
-                                              "pip install \"locos_tl[ray]\".")] = 1,
+                                              "pip install \"locos_tl\\[ray]\".")] = 1,
     ray_address: Annotated[str | None, typer.Option(help="Running Ray cluster; default: a "
                                                          "local cluster for the run.")] = None,
 ) -> None:
-    """Ablate each ranking's top-k heads and score the answers (method.md Sec. 4)."""
+    """Ablate each ranking's top-k heads and score the answers (docs/concepts.md)."""
     from locos_tl.ablation import AblationMeans, calibrate_means
     from locos_tl.evaluate import evaluate, summarize
     from locos_tl.models import load_model
@@ -202,16 +202,19 @@ def patch(
     from locos_tl.trials import load_trials
 
     try:
+        ref = HeadScores.load(locos) if locos is not None else None  # fail before patching
         bridge = load_model(model, device=device, dtype=dtype)
+        shape = (int(bridge.cfg.n_layers), int(bridge.cfg.n_heads))
+        if ref is not None and (ref.n_layers, ref.n_heads) != shape:
+            raise ValueError(f"--locos {locos} holds scores for {ref.n_layers} layers x "
+                             f"{ref.n_heads} heads; the model has {shape[0]} x {shape[1]}")
         trial_list = load_trials(trials, bridge.tokenizer,
                                  n_ctx=getattr(bridge.cfg, "n_ctx", None))
         cri = patch_heads(bridge, trial_list, corruption=corruption,  # type: ignore[arg-type]
                           batch_size=batch_size, chunk_size=chunk_size,
                           answer_position=answer_position,  # type: ignore[arg-type]
                           max_new_tokens=max_new_tokens, out_dir=out)
-        if locos is not None:
-            ref = HeadScores.load(locos)
-        else:
+        if ref is None:
             ref = score_trials(bridge, trial_list, method="locos", out_dir=out / "locos",
                                max_new_tokens=max_new_tokens)
             ref.save(out / "locos")

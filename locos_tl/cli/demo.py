@@ -40,7 +40,9 @@ def ranking_table(results: dict[str, Any], roles: dict[tuple[int, int], str],
         top = hs.top_k(k)
         cols[f"{method} head"] = [f"L{l}H{h}" for l, h in top]
         cols[f"{method} score"] = [round(float(hs.scores[l, h]), 3) for l, h in top]
-        cols[f"{method} role"] = [roles.get((l, h), "-") for l, h in top]
+        # a role is shown only where the method actually found the head (score > 0)
+        cols[f"{method} role"] = [roles.get((l, h), "-") if hs.scores[l, h] > 0 else "-"
+                                  for l, h in top]
     return pd.DataFrame(cols)
 
 

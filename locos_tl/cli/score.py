@@ -44,6 +44,11 @@ def print_top(result: HeadScores | dict[str, HeadScores], k: int = 10) -> None:
     """Print the top-k heads of each method as a table."""
     results = result if isinstance(result, dict) else {result.method: result}
     for method, hs in results.items():
+        if hs.n_trials == 0:
+            typer.secho(f"\nwarning: {method}: no trial was accepted (0 of "
+                        f"{hs.meta.get('n_trials', 0)} passed the ROUGE-1 gate or had an "
+                        "answer step): every score is NaN", err=True, fg=typer.colors.YELLOW)
+            continue
         df = hs.to_frame().head(k)[["label", "score", "ci_low", "ci_high", "n_trials"]]
         typer.echo(f"\n{method}: top {k} heads ({hs.meta.get('n_accepted', hs.n_trials)} of "
                    f"{hs.meta.get('n_trials', hs.n_trials)} trials accepted)")
@@ -94,7 +99,7 @@ def score(
     top: Annotated[int, typer.Option(help="How many top heads to print.")] = 10,
     workers: Annotated[int, typer.Option(help="Ray workers (actors), one GPU each when "
                                               "there are GPUs; > 1 needs "
-                                              "pip install \"locos_tl[ray]\".")] = 1,
+                                              "pip install \"locos_tl\\[ray]\".")] = 1,
     ray_address: Annotated[str | None, typer.Option(help="Running Ray cluster (auto, "
                                                          "host:6379, ray://host:10001); "
                                                          "default: a local cluster for "
@@ -141,4 +146,10 @@ def score(
         _fail(exc)
     write_outputs(result, out)
     print_top(result, top)
-    typer.echo(f"\nwrote {out}/ (scores.csv, heads.json, trials.jsonl, meta.json, heatmap.html)")
+    if isinstance(result, dict) and len(result) > 1:
+        typer.echo(f"\nwrote {out}/ (trials.jsonl, meta.json, scores.csv of all methods; "
+                   f"per method {', '.join(f'{m}/' for m in result)}: scores.csv, "
+                   "heads.json, heatmap.html)")
+    else:
+        typer.echo(f"\nwrote {out}/ (scores.csv, heads.json, trials.jsonl, meta.json, "
+                   "heatmap.html)")

@@ -289,6 +289,9 @@ def load_tokenizer(name_or_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     p = Path(name_or_dir)
+    if not p.exists() and (str(name_or_dir).startswith((".", "/", "~"))
+                           or str(name_or_dir).count("/") > 1):
+        raise DataFormatError(f"tokenizer directory {p} does not exist")
     if p.is_dir():
         try:
             tok = AutoTokenizer.from_pretrained(str(p), local_files_only=True)

@@ -1,7 +1,7 @@
 """Attention-only baselines: Wu copy score, HeadKV retrieval-reasoning, attention-spatial.
 
 They read where a head looks (``hook_pattern`` rows), not what it writes
-(method.md Sec. 3).
+(docs/concepts.md).
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class Locos(Detector):
 
 class DLA(Detector):
     """Direct logit attribution baseline: ``sum_j phi[j]`` (logits), no spatial contrast;
-    mean over answer steps. Write-aware but not spatial (method.md Sec. 3)."""
+    mean over answer steps. Write-aware but not spatial (docs/concepts.md)."""
 
     name = "dla"
     steps = "answer"

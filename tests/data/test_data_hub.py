@@ -195,3 +195,11 @@ def test_parametric_controls_local(tmp_path):
     f.write_text(json.dumps({"text": "no question", "label_x": 1}))
     with pytest.raises(DataFormatError, match=r"columns: \['label_x', 'text'\]"):
         load_parametric_controls(f)
+
+
+def test_missing_local_tokenizer_dir_is_not_a_hub_name(tmp_path):
+    from locos_tl.data.hub import load_tokenizer
+    from locos_tl.errors import DataFormatError
+
+    with pytest.raises(DataFormatError, match="tokenizer directory .* does not exist"):
+        load_tokenizer(tmp_path / "nope")
