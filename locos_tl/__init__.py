@@ -8,6 +8,7 @@ off-needle positions.
 
 from __future__ import annotations
 
+from locos_tl import plot  # noqa: E402  (lt.plot.head_heatmap, ...)
 from locos_tl.ablation import AblationMeans, ablate, calibrate_means, random_heads
 from locos_tl.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
 from locos_tl.compare import compare_rankings
@@ -21,8 +22,8 @@ from locos_tl.data import (
 )
 from locos_tl.decode import DecodeResult, DecodeStep, greedy_decode
 from locos_tl.detectors import DETECTORS, get_detector
-from locos_tl.evaluate import dissociation_score, evaluate
 from locos_tl.errors import DataFormatError, LocosError, ModelLoadError, TrialError
+from locos_tl.evaluate import dissociation_score, evaluate
 from locos_tl.heads import HeadScores, head_label
 from locos_tl.kernel import phi_layer, spatial_contrast
 from locos_tl.models import load_model
@@ -30,8 +31,6 @@ from locos_tl.patching import corrupt_tokens, patch_heads
 from locos_tl.phi import phi_tensor
 from locos_tl.score import score_trials
 from locos_tl.trials import Trial, load_trials, save_trials
-
-from locos_tl import plot  # noqa: E402  (lt.plot.head_heatmap, ...)
 
 __version__ = "0.1.0"
 

@@ -141,7 +141,8 @@ def sdpa_twin(model: Any) -> Any | None:
         with torch.no_grad():
             a = twin(probe).logits.float()
             b = model(probe, return_type="logits").float()
-        tol = 1e-3 if a.dtype == torch.float32 and next(hf.parameters()).dtype == torch.float32 else 5e-2
+        fp32 = next(hf.parameters()).dtype == torch.float32
+        tol = 1e-3 if fp32 else 5e-2
         if not torch.allclose(a, b, atol=tol * max(1.0, b.abs().max().item()), rtol=0):
             raise RuntimeError(f"twin logits differ by {(a - b).abs().max().item():.3g}")
     except Exception as exc:  # any failure: fall back to the bridge's own prefill
@@ -203,8 +204,8 @@ def _cache_values(cache: Any, layer: int) -> Tensor:
 def _stop_ids(model: Any) -> set[int]:
     ids: set[int] = set()
     tok = model.tokenizer
-    for src in (getattr(tok, "eos_token_id", None),
-                getattr(getattr(_hf_model(model), "generation_config", None), "eos_token_id", None)):
+    gen_cfg = getattr(_hf_model(model), "generation_config", None)
+    for src in (getattr(tok, "eos_token_id", None), getattr(gen_cfg, "eos_token_id", None)):
         if isinstance(src, int):
             ids.add(src)
         elif isinstance(src, Sequence):

@@ -681,8 +681,7 @@ def score_trials_distributed(
     from locos_tl.answers import GATE_THRESHOLD
     from locos_tl.detectors import get_detector
     from locos_tl.records import RecordStore
-    from locos_tl.score import RESUME_KEYS, aggregate, check_trials_fit
-    from locos_tl.trials import trial_set_hash
+    from locos_tl.score import RESUME_KEYS, aggregate, check_trials_fit, run_settings
     from locos_tl.unembed import check_variant
 
     names = list(methods) if methods is not None else [method]
@@ -709,16 +708,11 @@ def score_trials_distributed(
             d_vocab=info["d_vocab"],
         ))
         check_trials_fit(shape, trials, max_new_tokens)
-        settings = {  # the same settings as score_trials: run directories interchange
-            "model": info["model_name"],
-            "variant": variant,
-            "methods": names,
-            "max_new_tokens": max_new_tokens,
-            "gate_threshold": gate,
-            "seed": seed,
-            "n_trials": len(trials),
-            "trial_set_hash": trial_set_hash(trials),
-        }
+        # the same settings as score_trials: run directories interchange
+        settings = run_settings(info["model_name"], info["provenance"]["model"]["dtype"],
+                                variant=variant, methods=names,
+                                max_new_tokens=max_new_tokens, gate_threshold=gate,
+                                seed=seed, trials=trials)
         store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
         meta = {**info["provenance"], "settings": settings}
         if store is not None:

@@ -64,7 +64,8 @@ class HeadScores:
         self.trial_scores = torch.as_tensor(self.trial_scores, dtype=torch.float64)
         if self.trial_scores.ndim != 3:
             raise ValueError(
-                f"trial_scores must be [n_trials, n_layers, n_heads], got {tuple(self.trial_scores.shape)}"
+                "trial_scores must be [n_trials, n_layers, n_heads], got "
+                f"{tuple(self.trial_scores.shape)}"
             )
         if self.step_scores is not None:
             self.step_scores = torch.as_tensor(self.step_scores, dtype=torch.float64)
@@ -282,7 +283,8 @@ class HeadScores:
             for st in (r.get("step_values") or {}).get(method, []):
                 steps.append(torch.tensor(st, dtype=torch.float64))
         shape = (n_layers, n_heads)
-        trial_scores = torch.stack(scores) if scores else torch.zeros((0, *shape), dtype=torch.float64)
+        trial_scores = (torch.stack(scores) if scores
+                        else torch.zeros((0, *shape), dtype=torch.float64))
         step_scores = torch.stack(steps) if steps else None
         return cls(method=method, trial_scores=trial_scores, trial_ids=ids, variant=variant,
                    step_scores=step_scores, meta=dict(meta or {}), seed=seed,

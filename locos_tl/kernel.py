@@ -25,7 +25,7 @@ from torch import Tensor
 
 def head_value_directions(
     W_O: Float[Tensor, "n_heads d_head d_model"],
-    u: Float[Tensor, "d_model"],
+    u: Float[Tensor, " d_model"],
 ) -> Float[Tensor, "n_heads d_head"]:
     """``w[h] = W_O[h] @ u``: the direction in head ``h``'s value space that raises logit ``u``.
 
@@ -64,7 +64,7 @@ def phi_layer(
     pattern: Float[Tensor, "n_heads pos"],
     v: Float[Tensor, "pos n_kv_heads d_head"],
     W_O: Float[Tensor, "n_heads d_head d_model"],
-    u: Float[Tensor, "d_model"],
+    u: Float[Tensor, " d_model"],
 ) -> Float[Tensor, "n_heads pos"]:
     """LOCOS per-position logit contributions of one layer's heads for one query (Eq. 2).
 
@@ -84,7 +84,7 @@ def phi_layer(
 def spatial_contrast(
     phi: Float[Tensor, "... pos"],
     needle_span: tuple[int, int],
-) -> Float[Tensor, "..."]:
+) -> Float[Tensor, ...]:
     """LOCOS spatial contrast (Eq. 3): needle mass minus rescaled off-needle mass.
 
     ``Phi_plus = sum_{j in [s,e)} phi[j]``; ``Phi_minus = n/(N-n) * sum_{j not in [s,e)}

@@ -36,12 +36,14 @@ def provenance(model: Any = None, settings: dict[str, Any] | None = None) -> dic
     }
     if model is not None:
         try:
-            dtype = str(next(model.parameters()).dtype).replace("torch.", "")
+            param = next(model.parameters())
+            dtype, device = str(param.dtype).replace("torch.", ""), str(param.device)
         except StopIteration:
-            dtype = None
+            dtype = device = None
         out["model"] = {
             "name": model_name(model),
             "dtype": dtype,
+            "device": device,
             "n_layers": int(model.cfg.n_layers),
             "n_heads": int(model.cfg.n_heads),
             "n_key_value_heads": int(getattr(model.cfg, "n_key_value_heads", None)

@@ -30,6 +30,30 @@ from locos_tl.unembed import AnswerDirections, check_variant
 RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold")
 
 
+def model_dtype(model: Any) -> str:
+    """``"float32"``, ``"bfloat16"``, ... of the model's parameters."""
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def run_settings(
+    model: str, dtype: str, *, variant: str, methods: Sequence[str], max_new_tokens: int,
+    gate_threshold: float, seed: int, trials: Sequence[Trial],
+) -> dict[str, Any]:
+    """The settings recorded in ``meta.json``; :data:`RESUME_KEYS` of them must match for
+    a run directory to be resumed (single-process and distributed runs alike)."""
+    return {
+        "model": model,
+        "dtype": dtype,
+        "variant": variant,
+        "methods": list(methods),
+        "max_new_tokens": max_new_tokens,
+        "gate_threshold": gate_threshold,
+        "seed": seed,
+        "n_trials": len(trials),
+        "trial_set_hash": trial_set_hash(trials),
+    }
+
+
 def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
     """Fail before any work when a trial cannot run on ``model``.
 
@@ -193,18 +217,9 @@ def score_trials(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     check_trials_fit(model, trials, max_new_tokens)
     directions = AnswerDirections(model, variant) if any(d.needs_phi for d in detectors) else None
-    settings = {
-        "model": model_name(model),
-        "dtype": str(next(model.parameters()).dtype).replace("torch.", ""),
-        "device": str(next(model.parameters()).device),
-        "variant": variant,
-        "methods": names,
-        "max_new_tokens": max_new_tokens,
-        "gate_threshold": gate_threshold,
-        "seed": seed,
-        "n_trials": len(trials),
-        "trial_set_hash": trial_set_hash(trials),
-    }
+    settings = run_settings(model_name(model), model_dtype(model), variant=variant,
+                            methods=names, max_new_tokens=max_new_tokens,
+                            gate_threshold=gate_threshold, seed=seed, trials=trials)
     store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
     meta = provenance(model, settings)
     if store is not None:

@@ -180,7 +180,9 @@ def save_trials(trials: Iterable[Trial], path: str | Path) -> Path:
     return path
 
 
-def load_trials(path: str | Path, tokenizer: Any = None, *, n_ctx: int | None = None) -> list[Trial]:
+def load_trials(
+    path: str | Path, tokenizer: Any = None, *, n_ctx: int | None = None
+) -> list[Trial]:
     """Read trials from JSON lines.
 
     Each line is either a full trial record (``tokens``, ``needle_span``, ``answer``)

@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_MKDOCS_2_WARNING=1
+.venv/bin/ruff check locos_tl tests
 .venv/bin/python -m pytest "$@"
 .venv/bin/python -m pytest -m notebooks tests/test_notebooks.py
 .venv/bin/mkdocs build --strict --quiet --site-dir "${TMPDIR:-/tmp}/locos_tl-site"

@@ -65,7 +65,8 @@ def own_answer_trials(qwen3):
         tokens = torch.randint(1, int(qwen3.cfg.d_vocab) - 1, (30,), generator=g).tolist()
         words = re.findall(r"[A-Za-z]{3,}", greedy_decode(qwen3, tokens, max_new_tokens=8).text)
         if words:
-            out.append(Trial(tokens=tokens, needle_span=(5, 9), answer=words[0], meta={"seed": seed}))
+            out.append(Trial(tokens=tokens, needle_span=(5, 9), answer=words[0],
+                             meta={"seed": seed}))
         if len(out) == 3:
             return out
     raise RuntimeError("no prompt with a word in its response")

@@ -35,7 +35,8 @@ def test_greedy_matches_hf_generate(tiny_models, arch, prefill_mode):
     for t, s in enumerate(steps):
         n_keys = len(tokens) + t
         assert s.pattern.shape == (model.cfg.n_layers, model.cfg.n_heads, n_keys)
-        torch.testing.assert_close(s.pattern.sum(-1), torch.ones(model.cfg.n_layers, model.cfg.n_heads))
+        ones = torch.ones(model.cfg.n_layers, model.cfg.n_heads)
+        torch.testing.assert_close(s.pattern.sum(-1), ones)
         assert all(v.shape[0] == n_keys for v in s.values)
         assert s.key_tokens.tolist() == tokens + res.generated[:t]
 

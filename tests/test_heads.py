@@ -32,7 +32,8 @@ def test_from_records_mean_pooled_and_ranking():
     low, high = hs.ci
     assert bool((low <= hs.scores).all() and (hs.scores <= high).all())
     # per-trial spread is 2 around each mean: the CI lies within [min, max] of trials
-    torch.testing.assert_close(high - low, torch.full((2, 3), high[0, 0] - low[0, 0], dtype=torch.float64))
+    width = torch.full((2, 3), high[0, 0] - low[0, 0], dtype=torch.float64)
+    torch.testing.assert_close(high - low, width)
     assert 0 < (high - low)[0, 0] <= 2.0
 
 

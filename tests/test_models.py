@@ -33,7 +33,8 @@ def test_architecture_without_adapter(tmp_path):
     cfg = transformers.BioGptConfig(vocab_size=50, hidden_size=16, num_hidden_layers=1,
                                     num_attention_heads=2, intermediate_size=32)
     transformers.BioGptForCausalLM(cfg).save_pretrained(tmp_path)
-    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BioGptForCausalLM"]
+    archs = json.loads((tmp_path / "config.json").read_text())["architectures"]
+    assert archs == ["BioGptForCausalLM"]
     with pytest.raises(ModelLoadError, match="BioGptForCausalLM .* has no TransformerLens bridge"):
         load_model(tmp_path)
 

@@ -91,7 +91,8 @@ def test_exact_dla_sums_with_rest_to_the_logit(tiny_models):
     u = model.W_U[:, y] * (model.ln_final.original_component.weight + 1.0)
     u = u / cache["ln_final.hook_scale"][0, -1, 0]
     for l in range(model.cfg.n_layers):
-        write = cache[f"blocks.{l}.hook_resid_mid"][0, -1] - cache[f"blocks.{l}.hook_resid_pre"][0, -1]
+        mid, pre = cache[f"blocks.{l}.hook_resid_mid"], cache[f"blocks.{l}.hook_resid_pre"]
+        write = mid[0, -1] - pre[0, -1]
         assert phi[l].sum().item() == pytest.approx((write @ u).item(), abs=1e-4)
     final = cache[f"blocks.{model.cfg.n_layers - 1}.hook_resid_post"][0, -1]
     assert (final @ u).item() == pytest.approx(logits[0, -1, y].item(), abs=1e-3)

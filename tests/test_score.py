@@ -1,6 +1,7 @@
 """score_trials end to end on a tiny Qwen3: values, one-pass methods, resume, errors."""
 
 import json
+
 import pytest
 import torch
 
@@ -44,7 +45,8 @@ def test_locos_equals_independent_recomputation(qwen3, trials):
 
 
 def test_one_pass_many_methods_equals_separate_runs(qwen3, trials):
-    many = score_trials(qwen3, trials, methods=["locos", "wu", "headkv", "attention_spatial", "dla"],
+    five = ["locos", "wu", "headkv", "attention_spatial", "dla"]
+    many = score_trials(qwen3, trials, methods=five,
                         max_new_tokens=8, progress=False)
     assert set(many) == {"locos", "wu", "headkv", "attention_spatial", "dla"}
     for m in ("locos", "wu", "dla"):
@@ -73,7 +75,8 @@ def test_resume_skips_finished_and_survives_a_crash(qwen3, trials, tmp_path, mon
     lines = (out / "trials.jsonl").read_text().splitlines()
     assert len(lines) == 2  # the two finished trials survived
     meta = json.loads((out / "meta.json").read_text())
-    assert meta["settings"]["variant"] == "raw" and meta["versions"]["transformer-lens"].startswith("4.3")
+    assert meta["settings"]["variant"] == "raw"
+    assert meta["versions"]["transformer-lens"].startswith("4.3")
     assert meta["model"]["weight_processing"] == "raw_hf" and meta["settings"]["trial_set_hash"]
 
     calls["n"] = -100  # no more crashes; count reruns

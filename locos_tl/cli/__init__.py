@@ -12,8 +12,8 @@ app = typer.Typer(
 )
 
 # Sub-modules register commands on `app` when imported (one module per command group).
-from locos_tl.cli import score as _score  # noqa: E402,F401
-from locos_tl.cli import trials as _trials  # noqa: E402,F401
-from locos_tl.cli import organism as _organism  # noqa: E402,F401
 from locos_tl.cli import ablate as _ablate  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
+from locos_tl.cli import organism as _organism  # noqa: E402,F401
+from locos_tl.cli import score as _score  # noqa: E402,F401
+from locos_tl.cli import trials as _trials  # noqa: E402,F401
