@@ -31,10 +31,11 @@ over any items); :func:`score_trials_distributed` builds the scorer on it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -613,6 +614,27 @@ def worker_model_source(
     return name, kwargs
 
 
+
+@contextlib.contextmanager
+def _model_pool_for(model: Any, pool: RayPool | None, **kwargs: Any) -> Iterator[RayPool]:
+    """Yield ``pool`` (it must hold a model), or start a :func:`model_pool` of ``model``
+    for the block and close it afterwards.
+
+    Raises:
+        DistributedError: ``pool`` is not a model pool.
+    """
+    if pool is not None:
+        if not isinstance(pool.factory, ModelLoader):
+            raise DistributedError("pool must be a model_pool(...) (its workers hold a model)")
+        yield pool
+        return
+    own = model_pool(model, **kwargs)
+    own.start()
+    try:
+        yield own
+    finally:
+        own.close()
+
 def score_trials_distributed(
     model_name_or_path: Any,
     trials: Sequence[Any],
@@ -681,7 +703,13 @@ def score_trials_distributed(
     from locos_tl.answers import GATE_THRESHOLD
     from locos_tl.detectors import get_detector
     from locos_tl.records import RecordStore
-    from locos_tl.score import RESUME_KEYS, aggregate, check_trials_fit, run_settings
+    from locos_tl.score import (
+        RESUME_KEYS,
+        aggregate,
+        check_trials_fit,
+        finished_record,
+        run_settings,
+    )
     from locos_tl.unembed import check_variant
 
     names = list(methods) if methods is not None else [method]
@@ -694,14 +722,8 @@ def score_trials_distributed(
     trials = list(trials)
     spec = ScoreSpec(methods=tuple(names), variant=variant, max_new_tokens=max_new_tokens,
                      gate_threshold=gate, prefill_mode=prefill_mode, chunk_size=chunk_size)
-    own = pool is None
-    if pool is None:
-        pool = model_pool(model_name_or_path, workers=workers, ray_address=ray_address,
-                          load_kwargs=load_kwargs, **pool_kwargs)
-        pool.start()
-    elif not isinstance(pool.factory, ModelLoader):
-        raise DistributedError("pool must be a model_pool(...) (its workers hold a model)")
-    try:
+    with _model_pool_for(model_name_or_path, pool, workers=workers, ray_address=ray_address,
+                         load_kwargs=load_kwargs, **pool_kwargs) as pool:
         info = pool.info()
         shape = SimpleNamespace(cfg=SimpleNamespace(
             n_layers=info["n_layers"], n_heads=info["n_heads"], n_ctx=info["n_ctx"],
@@ -720,9 +742,7 @@ def score_trials_distributed(
         records: list[dict[str, Any] | None] = []
         todo: list[int] = []
         for i, trial in enumerate(trials):
-            rec = store.get(trial.trial_id) if store is not None else None
-            if rec is not None and rec["accepted"] and any(m not in rec["scores"] for m in names):
-                rec = None  # finished under fewer methods: rerun for the new ones
+            rec = finished_record(store, trial, names)
             records.append(rec)
             if rec is None:
                 todo.append(i)
@@ -741,9 +761,6 @@ def score_trials_distributed(
         meta["distributed"] = {"workers": pool.n_workers, "ray_address": pool.ray_address,
                                "retried_trials": retried,
                                "dead_workers": len(pool.stats.dead_workers)}
-    finally:
-        if own:
-            pool.close()
     return aggregate(records, names, model=shape, variant=variant, meta=meta, seed=seed,
                      as_dict=methods is not None)
 
@@ -825,16 +842,7 @@ def generate_ablated_distributed(
     tasks = [AblatedGenerationTask(tuple((int(a), int(b)) for a, b in heads), mode, means,
                                    trial, max_new_tokens, stop_at_newline, chunk_size)
              for heads, trial in items]
-    own = pool is None
-    if pool is None:
-        pool = model_pool(model, workers=workers, ray_address=ray_address,
-                          load_kwargs=load_kwargs, **pool_kwargs)
-        pool.start()
-    elif not isinstance(pool.factory, ModelLoader):
-        raise DistributedError("pool must be a model_pool(...) (its workers hold a model)")
-    try:
+    with _model_pool_for(model, pool, workers=workers, ray_address=ray_address,
+                         load_kwargs=load_kwargs, **pool_kwargs) as pool:
         return pool.map(tasks, on_result=on_result, progress=progress,
                         desc=f"ablation ({mode}, {pool.n_workers} workers)")
-    finally:
-        if own:
-            pool.close()

@@ -54,6 +54,17 @@ def run_settings(
     }
 
 
+def finished_record(
+    store: RecordStore | None, trial: Trial, methods: Sequence[str]
+) -> dict[str, Any] | None:
+    """The stored record of ``trial`` when it can be reused, else None (not run yet, or
+    accepted under fewer methods than ``methods``: then it reruns for the new ones)."""
+    rec = store.get(trial.trial_id) if store is not None else None
+    if rec is not None and rec["accepted"] and any(m not in rec["scores"] for m in methods):
+        return None
+    return rec
+
+
 def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
     """Fail before any work when a trial cannot run on ``model``.
 
@@ -226,9 +237,7 @@ def score_trials(
         store.write_meta(meta)
     records: list[dict[str, Any]] = []
     for trial in tqdm(trials, desc="scoring trials", unit="trial", disable=not progress):
-        rec = store.get(trial.trial_id) if store is not None else None
-        if rec is not None and rec["accepted"] and any(m not in rec["scores"] for m in names):
-            rec = None  # finished under fewer methods: rerun for the new ones
+        rec = finished_record(store, trial, names)
         if rec is None:
             rec = run_trial(model, trial, detectors, directions=directions,
                             max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
