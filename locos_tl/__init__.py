@@ -4,42 +4,75 @@ LOCOS (Logit-Contribution Scoring; Gema, Alex & Minervini 2026, arXiv 2607.01002
 attention head ``(l, h)`` by what it writes toward the answer from the needle span:
 ``phi[j] = alpha[t, j] * u_{y_t} . (v_j W_O)``, contrasted between needle and
 off-needle positions.
+
+The public names below are exported lazily (PEP 562 module ``__getattr__``):
+``import locos_tl`` imports neither torch, TransformerLens nor plotly; the first access
+to ``locos_tl.score_trials``, ``locos_tl.plot``, ... imports the module that defines it.
+This keeps ``locos --help`` fast.
 """
 
 from __future__ import annotations
 
-from locos_tl import plot  # noqa: E402  (lt.plot.head_heatmap, ...)
-from locos_tl.ablation import AblationMeans, ablate, calibrate_means, random_heads
-from locos_tl.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
-from locos_tl.compare import compare_rankings
-from locos_tl.data import (
-    build_niah_trials,
-    build_nolima_trials,
-    expand_needle_set,
-    load_haystacks,
-    load_needle_set,
-    load_niah_probes,
-)
-from locos_tl.decode import DecodeResult, DecodeStep, greedy_decode
-from locos_tl.detectors import DETECTORS, get_detector
-from locos_tl.errors import DataFormatError, LocosError, ModelLoadError, TrialError
-from locos_tl.evaluate import dissociation_score, evaluate
-from locos_tl.heads import HeadScores, head_label
-from locos_tl.kernel import phi_layer, spatial_contrast
-from locos_tl.models import load_model
-from locos_tl.patching import corrupt_tokens, patch_heads
-from locos_tl.phi import phi_tensor
-from locos_tl.score import score_trials
-from locos_tl.trials import Trial, load_trials, save_trials
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
+
+# public name -> (module, attribute in that module; None: the module itself)
+_EXPORTS: dict[str, tuple[str, str | None]] = {
+    "ablate": ("locos_tl.ablation", "ablate"),
+    "AblationMeans": ("locos_tl.ablation", "AblationMeans"),
+    "answer_steps": ("locos_tl.answers", "answer_steps"),
+    "build_arithmetic_trials": ("locos_tl.data", "build_arithmetic_trials"),
+    "build_niah_trials": ("locos_tl.data", "build_niah_trials"),
+    "build_nolima_trials": ("locos_tl.data", "build_nolima_trials"),
+    "build_parametric_trials": ("locos_tl.data", "build_parametric_trials"),
+    "calibrate_means": ("locos_tl.ablation", "calibrate_means"),
+    "compare_rankings": ("locos_tl.compare", "compare_rankings"),
+    "corrupt_tokens": ("locos_tl.patching", "corrupt_tokens"),
+    "DataFormatError": ("locos_tl.errors", "DataFormatError"),
+    "DecodeResult": ("locos_tl.decode", "DecodeResult"),
+    "DecodeStep": ("locos_tl.decode", "DecodeStep"),
+    "DETECTORS": ("locos_tl.detectors", "DETECTORS"),
+    "dissociation_score": ("locos_tl.evaluate", "dissociation_score"),
+    "evaluate": ("locos_tl.evaluate", "evaluate"),
+    "expand_needle_set": ("locos_tl.data", "expand_needle_set"),
+    "get_detector": ("locos_tl.detectors", "get_detector"),
+    "greedy_decode": ("locos_tl.decode", "greedy_decode"),
+    "head_label": ("locos_tl.heads", "head_label"),
+    "HeadScores": ("locos_tl.heads", "HeadScores"),
+    "load_haystacks": ("locos_tl.data", "load_haystacks"),
+    "load_model": ("locos_tl.models", "load_model"),
+    "load_needle_set": ("locos_tl.data", "load_needle_set"),
+    "load_niah_probes": ("locos_tl.data", "load_niah_probes"),
+    "load_trials": ("locos_tl.trials", "load_trials"),
+    "LocosError": ("locos_tl.errors", "LocosError"),
+    "ModelLoadError": ("locos_tl.errors", "ModelLoadError"),
+    "passes_gate": ("locos_tl.answers", "passes_gate"),
+    "patch_heads": ("locos_tl.patching", "patch_heads"),
+    "phi_layer": ("locos_tl.kernel", "phi_layer"),
+    "phi_tensor": ("locos_tl.phi", "phi_tensor"),
+    "plot": ("locos_tl.plot", None),  # lt.plot.head_heatmap, ...
+    "random_heads": ("locos_tl.ablation", "random_heads"),
+    "rouge1_recall": ("locos_tl.answers", "rouge1_recall"),
+    "rougeL_f": ("locos_tl.answers", "rougeL_f"),
+    "save_trials": ("locos_tl.trials", "save_trials"),
+    "score_trials": ("locos_tl.score", "score_trials"),
+    "spatial_contrast": ("locos_tl.kernel", "spatial_contrast"),
+    "Trial": ("locos_tl.trials", "Trial"),
+    "TrialError": ("locos_tl.errors", "TrialError"),
+}
 
 __all__ = [
     "ablate",
     "AblationMeans",
     "answer_steps",
+    "build_arithmetic_trials",
     "build_niah_trials",
     "build_nolima_trials",
+    "build_parametric_trials",
     "calibrate_means",
     "compare_rankings",
     "corrupt_tokens",
@@ -75,3 +108,70 @@ __all__ = [
     "Trial",
     "TrialError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    """Import the module that defines the public name ``name`` on first access.
+
+    Raises:
+        AttributeError: ``name`` is not a public name of locos_tl.
+    """
+    try:
+        module_name, attr = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module 'locos_tl' has no attribute {name!r}") from None
+    module = importlib.import_module(module_name)
+    value = module if attr is None else getattr(module, attr)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))
+
+
+class _Package(types.ModuleType):
+    """``locos_tl.evaluate`` is the function, not the sub-module of the same name.
+
+    Importing a sub-module binds it on its package (``locos_tl.evaluate = <module>``);
+    where a public name is a function of the same-named sub-module, bind the function
+    instead, as the former eager ``from locos_tl.evaluate import evaluate`` did. The
+    sub-module stays reachable as ``sys.modules["locos_tl.evaluate"]``.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        target = _EXPORTS.get(name)
+        if (target is not None and target[1] is not None and isinstance(value, types.ModuleType)
+                and value.__name__ == target[0]):
+            value = getattr(value, target[1])
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
+    from locos_tl import plot  # noqa: F401
+    from locos_tl.ablation import AblationMeans, ablate, calibrate_means, random_heads
+    from locos_tl.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
+    from locos_tl.compare import compare_rankings
+    from locos_tl.data import (
+        build_arithmetic_trials,
+        build_niah_trials,
+        build_nolima_trials,
+        build_parametric_trials,
+        expand_needle_set,
+        load_haystacks,
+        load_needle_set,
+        load_niah_probes,
+    )
+    from locos_tl.decode import DecodeResult, DecodeStep, greedy_decode
+    from locos_tl.detectors import DETECTORS, get_detector
+    from locos_tl.errors import DataFormatError, LocosError, ModelLoadError, TrialError
+    from locos_tl.evaluate import dissociation_score, evaluate
+    from locos_tl.heads import HeadScores, head_label
+    from locos_tl.kernel import phi_layer, spatial_contrast
+    from locos_tl.models import load_model
+    from locos_tl.patching import corrupt_tokens, patch_heads
+    from locos_tl.phi import phi_tensor
+    from locos_tl.score import score_trials
+    from locos_tl.trials import Trial, load_trials, save_trials

@@ -10,6 +10,21 @@ prefix. Output ablation acts on ``hook_z`` (the head's attention-weighted values
 grouped-query attention needs no special care: ablating head ``h`` leaves the shared
 key/value head -- and the other query heads reading it -- untouched.
 
+Invariant, every mode and architecture: ablating head ``(l, h)`` leaves every other
+head's ``hook_z`` unchanged (the other heads of layer ``l`` and all heads of earlier
+layers). A per-head QK-norm (Qwen3, Gemma-3) or none (Llama) keeps it with the
+substitution at ``hook_q``. **Shared query norm (OLMo-2/3):** ``q_norm`` is one RMSNorm
+over all heads' concatenated queries (``n_heads * d_head`` wide), so a head's query
+substituted at ``hook_q`` changes the RMS and rescales every other head of the layer.
+There the substitution runs after the norm instead: the layer's pre-norm query with the
+ablated heads' slices replaced (by the mean or 0) is normalised by the checkpoint's own
+``q_norm``, and only the ablated heads' slices of that result replace theirs at
+``hook_q_normed``. The ablated heads get exactly the query the authors' hook gives them
+(their ``q_proj``-output hook normalises the substituted query over the whole layer);
+the other heads keep the query of the unablated run. The authors' hook, by contrast,
+also perturbs the other heads of the layer on OLMo (docs/concepts.md, "Ablation on
+OLMo"); on per-head norms the two are identical.
+
 Hooks live only inside :func:`ablate` (a context manager); they are removed on exit and
 on exceptions, and hooks attached by anyone else are left alone.
 """
@@ -30,7 +45,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from locos_tl.decode import prefill
+from locos_tl.errors import TrialError
+from locos_tl.head_spec import as_int, parse_heads
 from locos_tl.heads import Head
+from locos_tl.tokenize import BosPolicy
 
 AblationMode = Literal["query_mean", "query_zero", "output_mean", "output_zero"]
 ABLATION_MODES: tuple[str, ...] = get_args(AblationMode)
@@ -98,6 +116,7 @@ def calibrate_means(
     max_tokens: int = 5000,
     chunk_size: int = 1024,
     progress: bool = False,
+    bos: BosPolicy = "none",
 ) -> AblationMeans:
     """Mean query and output of every head over calibration text (docs/concepts.md).
 
@@ -108,18 +127,27 @@ def calibrate_means(
 
     Args:
         model: a TransformerBridge.
-        prompts: raw strings (tokenized with ``model.tokenizer``) or token-id lists.
+        prompts: raw strings (tokenized by :func:`locos_tl.tokenize.encode_prompt`
+            with the checkpoint's own tokenizer) or token-id lists (used as given).
         max_tokens: each prompt is cut to its first ``max_tokens`` tokens.
         chunk_size: query positions per bridge forward.
         progress: show a tqdm bar.
+        bos: BOS policy for string prompts. Default ``"none"``: raw text with no BOS,
+            as the authors' release calibrates (docs/concepts.md, release protocol;
+            this is the one place locos_tl departs from its BOS rule, because the
+            published protocol says so). ``"checkpoint"``: the checkpoint's rule that
+            trials follow (BOS once at position 0 where its tokenizer adds one).
 
     Returns:
         :class:`AblationMeans` in float32 on CPU.
 
     Raises:
-        ValueError: no prompt, or a prompt with no token.
+        ValueError: no prompt, a prompt with no token, or an unknown ``bos``.
+        TrialError: a prompt (cut to ``max_tokens``) is longer than the model's
+            ``n_ctx``; a string prompt holds the checkpoint's BOS after position 0.
     """
     from locos_tl.models import model_name
+    from locos_tl.tokenize import encode_prompt
 
     if not prompts:
         raise ValueError("calibrate_means needs at least one prompt")
@@ -136,11 +164,19 @@ def calibrate_means(
 
     hooks = [(_HOOK[kind].format(l=l), accumulate(kind)) for kind in sums for l in range(L)]
     n_tokens = 0
-    for p in tqdm(prompts, desc="calibrating", unit="prompt", disable=not progress):
-        ids = model.tokenizer.encode(p) if isinstance(p, str) else list(p)
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    for i, p in enumerate(tqdm(prompts, desc="calibrating", unit="prompt",
+                               disable=not progress)):
+        ids = encode_prompt(model, p, bos=bos)[0] if isinstance(p, str) else list(p)
         ids = ids[:max_tokens]
         if not ids:
             raise ValueError("a calibration prompt has no token")
+        if n_ctx and len(ids) > n_ctx:
+            raise TrialError(
+                f"calibration prompt {i} has {len(ids)} tokens (after max_tokens="
+                f"{max_tokens}), longer than the model's context n_ctx={n_ctx}; pass "
+                f"max_tokens={n_ctx} or shorter prompts"
+            )
         for s in sums.values():
             s.zero_()
         with model.hooks(fwd_hooks=hooks):
@@ -153,7 +189,7 @@ def calibrate_means(
     return AblationMeans(
         q=(means["query"] / n).to(torch.float32), z=(means["output"] / n).to(torch.float32),
         n_prompts=n, n_tokens=n_tokens,
-        meta={"model": model_name(model), "max_tokens": max_tokens},
+        meta={"model": model_name(model), "max_tokens": max_tokens, "bos": bos},
     )
 
 
@@ -168,20 +204,43 @@ def check_mode(mode: str) -> AblationMode:
     return mode  # type: ignore[return-value]
 
 
-def check_heads(model: Any, heads: Sequence[Head]) -> list[Head]:
-    """``heads`` as ``(layer, head)`` int pairs.
+def check_heads(model: Any, heads: Sequence[Head | str]) -> list[Head]:
+    """``heads`` as ``(layer, head)`` int pairs (:func:`locos_tl.head_spec.parse_heads`).
 
     Raises:
-        ValueError: a head outside the model's layers x heads.
+        HeadSpecError: (a ``ValueError``) a malformed head or one outside the model's
+            layers x heads; the message names the accepted forms.
     """
-    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    out = []
-    for lh in heads:
-        l, h = (int(x) for x in lh)
-        if not (0 <= l < L and 0 <= h < H):
-            raise ValueError(f"head ({l}, {h}) is outside the model's {L} layers x {H} heads")
-        out.append((l, h))
-    return out
+    return parse_heads(heads, model)
+
+
+def shared_q_norm(model: Any, layer: int) -> torch.nn.Module | None:
+    """The checkpoint's ``q_norm`` of ``layer`` when it normalises all heads together.
+
+    OLMo-2/3 (and OLMoE) apply one RMSNorm over the concatenated queries of all heads
+    (weight ``[n_heads * d_head]``) before splitting them into heads; Qwen3 and Gemma-3
+    normalise each head on its own (weight ``[d_head]``), Llama has no QK-norm.
+
+    Args:
+        model: a TransformerBridge.
+        layer: layer index.
+
+    Returns:
+        The HF norm module (called directly, so no bridge hook fires twice), or None for a
+        per-head norm or no norm.
+    """
+    attn = model.blocks[layer].attn
+    bridge_norm = getattr(attn, "q_norm", None)
+    norm = getattr(bridge_norm, "original_component", None)
+    if norm is None or not hasattr(attn, "hook_q_normed"):
+        return None
+    phase = getattr(attn, "_qk_norm_phase", None)
+    if phase is not None:
+        return norm if phase == "pre_reshape" else None
+    weight = getattr(norm, "weight", None)
+    H, d = int(model.cfg.n_heads), int(model.cfg.d_head)
+    shared = isinstance(weight, Tensor) and tuple(weight.shape) == (H * d,) and H > 1
+    return norm if shared else None
 
 
 def ablation_hooks(
@@ -190,7 +249,12 @@ def ablation_hooks(
     mode: AblationMode = "query_mean",
     means: AblationMeans | None = None,
 ) -> list[tuple[str, Any]]:
-    """``(hook_name, hook_fn)`` pairs implementing the ablation (one hook per layer).
+    """``(hook_name, hook_fn)`` pairs implementing the ablation.
+
+    One hook per ablated layer at ``hook_q`` or ``hook_z``; for a query mode on a layer
+    with a shared query norm (:func:`shared_q_norm`, OLMo-2/3) two: one keeps the norm's
+    input (``attn.q_norm.hook_in``), one replaces the ablated heads' slices of its output
+    (``attn.hook_q_normed``) by the norm of the substituted query (module docstring).
 
     Raises:
         ValueError: unknown mode, a head outside the model, or a ``*_mean`` mode without
@@ -204,6 +268,9 @@ def ablation_hooks(
     if fill == "mean":
         if means is None:
             raise ValueError(f"mode {mode!r} needs calibration means (see calibrate_means)")
+        if not isinstance(means, AblationMeans):
+            raise ValueError(f"means must be an AblationMeans (see calibrate_means / "
+                             f"AblationMeans.load), got {type(means).__name__}")
         table = means.for_mode(mode)
         if tuple(table.shape) != (L, H, d):
             raise ValueError(f"calibration means have shape {tuple(table.shape)}, the model "
@@ -229,7 +296,42 @@ def ablation_hooks(
 
         return hook
 
-    return [(_HOOK[kind].format(l=l), make(l, idx)) for l, idx in sorted(by_layer.items())]
+    def make_shared_norm(layer: int, idx: list[int], norm: torch.nn.Module) -> list[Any]:
+        # q_norm mixes heads: substitute before the norm on a copy, normalise it, and write
+        # back only the ablated heads' slices after the norm (module docstring).
+        index = torch.tensor(idx)
+        value = None if table is None else table[layer, index]  # [k, d_head]
+        seen: dict[str, Tensor] = {}
+
+        def keep(x: Tensor, hook: Any) -> None:  # the norm's input [batch, pos, H*d_head]
+            seen["q"] = x
+
+        def substitute(x: Tensor, hook: Any) -> Tensor:  # the norm's output, same shape
+            q = seen.pop("q", None)
+            if q is None or q.shape != x.shape or x.shape[-1] != H * d:
+                raise RuntimeError(f"{hook.name}: q_norm input/output shapes "
+                                   f"{None if q is None else tuple(q.shape)} / "
+                                   f"{tuple(x.shape)}; expected [batch, pos, {H * d}]")
+            split = (*x.shape[:-1], H, d)
+            i = index.to(x.device)
+            q = q.reshape(split).clone()
+            q[..., i, :] = 0.0 if value is None else value.to(device=x.device, dtype=q.dtype)
+            normed = norm(q.reshape(x.shape)).to(x.dtype).reshape(split)
+            out = x.reshape(split).clone()
+            out[..., i, :] = normed[..., i, :]
+            return out.reshape(x.shape)
+
+        return [(f"blocks.{layer}.attn.q_norm.hook_in", keep),
+                (f"blocks.{layer}.attn.hook_q_normed", substitute)]
+
+    hooks: list[tuple[str, Any]] = []
+    for l, idx in sorted(by_layer.items()):
+        norm = shared_q_norm(model, l) if kind == "query" else None
+        if norm is not None:
+            hooks += make_shared_norm(l, idx, norm)
+        else:
+            hooks.append((_HOOK[kind].format(l=l), make(l, idx)))
+    return hooks
 
 
 @contextmanager
@@ -250,13 +352,22 @@ def ablate(
         - ``output_mean`` / ``output_zero``: the head's output ``hook_z`` (before
           ``W_O``) is replaced by its calibration mean / by 0 (removes its write).
 
+    Every mode changes only the ablated heads: the other heads of the layer keep their
+    ``hook_z``. On a shared query norm (OLMo-2/3's ``q_norm`` over all heads) the query
+    modes substitute after the norm, so the ablated head's query equals what the authors'
+    ``q_proj`` hook gives it while the other heads are not rescaled -- unlike the
+    authors' hook, which on OLMo also changes the other heads of the layer (module
+    docstring; docs/concepts.md, "Ablation on OLMo").
+
     Generation inside the block must run every position through the bridge
     (``greedy_decode(..., prefill_mode="bridge")``): the fast SDPA prefill twin does
     not fire TransformerLens hooks.
 
     Args:
         model: a TransformerBridge.
-        heads: ``(layer, head)`` pairs (query-head indices); empty means no ablation.
+        heads: heads in any form of :func:`locos_tl.head_spec.parse_heads`:
+            ``(layer, head)`` pairs (query-head indices), ``"L14H3"`` or ``"14-3"``;
+            empty means no ablation.
         mode: one of :data:`ABLATION_MODES`.
         means: calibration means, needed by the ``*_mean`` modes.
 
@@ -290,9 +401,11 @@ def random_heads(
         exclude: heads never drawn (e.g. a method's top-k).
 
     Raises:
-        ValueError: ``k`` is negative or larger than the heads available.
+        ValueError: ``k`` is not an integer, is negative or larger than the heads
+            available; a malformed or out-of-range head in ``exclude``.
     """
-    excluded = {(int(l), int(h)) for l, h in exclude}
+    k = as_int(k, "k")
+    excluded = set(parse_heads(exclude, n_layers=n_layers, n_heads=n_heads, what="exclude"))
     available = n_layers * n_heads - len(excluded)
     if not 0 <= k <= available:
         raise ValueError(f"cannot draw {k} heads from {available} available")

@@ -11,6 +11,7 @@ the answer in the response.
 from __future__ import annotations
 
 import re
+import weakref
 from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
@@ -18,6 +19,72 @@ from typing import Any
 from locos_tl.errors import TrialError
 
 GATE_THRESHOLD = 0.5
+THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
+
+_THINK_IDS: weakref.WeakKeyDictionary[Any, tuple[frozenset[int], frozenset[int]]] = (
+    weakref.WeakKeyDictionary())
+
+
+def think_token_ids(tokenizer: Any) -> tuple[frozenset[int], frozenset[int]]:
+    """Ids of the tokens that open and close a reasoning block (Qwen3 style).
+
+    A token counts when its decoded text, stripped, is exactly ``<think>`` or
+    ``</think>`` (found by text, so any tokenizer that has such tokens qualifies).
+
+    Returns:
+        ``(open_ids, close_ids)``; both empty when the tokenizer has no such tokens.
+    """
+    try:
+        return _THINK_IDS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    opened: set[int] = set()
+    closed: set[int] = set()
+    for piece, i in tokenizer.get_vocab().items():
+        if "think" not in piece:
+            continue
+        text = tokenizer.decode([i]).strip()
+        if text == THINK_OPEN:
+            opened.add(int(i))
+        elif text == THINK_CLOSE:
+            closed.add(int(i))
+    out = (frozenset(opened), frozenset(closed))
+    try:
+        _THINK_IDS[tokenizer] = out
+    except TypeError:  # not weak-referenceable: recompute next time
+        pass
+    return out
+
+
+def response_start(
+    tokenizer: Any, generated: Sequence[int], *, thinking_open: bool = False
+) -> int:
+    """Index of the first generated step after any ``<think> ... </think>`` block.
+
+    The paper's steps exclude reasoning tokens (arXiv 2607.01002, "Which steps count";
+    the authors' release skips the thinking block before the stop rule and the gate,
+    docs/concepts.md). A block runs from an opening token (or from the start, when
+    ``thinking_open``: the prompt ended inside one) to its closing token, inclusive; the
+    response starts after the last closing token.
+
+    Args:
+        tokenizer: the model's tokenizer (thinking tokens found by
+            :func:`think_token_ids`).
+        generated: generated ids.
+        thinking_open: the prompt left a thinking block open.
+
+    Returns:
+        ``0`` without thinking; ``len(generated)`` when a block is still open at the end
+        (no response yet).
+    """
+    opened, closed = think_token_ids(tokenizer)
+    in_think, start = thinking_open, 0
+    for i, g in enumerate(generated):
+        if g in opened:
+            in_think = True
+        elif g in closed:
+            in_think, start = False, i + 1
+    return len(generated) if in_think else start
 
 
 @lru_cache(maxsize=4)
@@ -66,21 +133,38 @@ def _find_sublist(hay: Sequence[int], needle: Sequence[int]) -> int:
     return -1
 
 
-def answer_steps(tokenizer: Any, generated: Sequence[int], answer: str) -> list[int]:
+def answer_steps(
+    tokenizer: Any, generated: Sequence[int], answer: str, *, start: int | None = None
+) -> list[int]:
     """0-based indices of the generated steps that produce the gold answer.
+
+    Only steps after a reasoning block count (a step inside ``<think> ... </think>`` is
+    never an answer step, docs/concepts.md).
 
     Args:
         tokenizer: the model's tokenizer.
         generated: greedy token ids.
         answer: gold answer string.
+        start: search ``generated[start:]`` only (e.g. ``DecodeResult.response_start``);
+            default: after the last ``</think>`` in ``generated``
+            (:func:`response_start`), or everything when there is none.
 
     Returns:
-        Step indices (possibly empty when the answer is not in the response).
+        Step indices into ``generated`` (possibly empty when the answer is not in the
+        response).
 
     Raises:
         TrialError: the answer tokenizes to nothing.
     """
     variants = answer_token_variants(tokenizer, answer)
+    start = response_start(tokenizer, generated) if start is None else max(0, int(start))
+    found = _answer_steps_from(tokenizer, list(generated[start:]), answer, variants)
+    return [start + i for i in found]
+
+
+def _answer_steps_from(
+    tokenizer: Any, generated: list[int], answer: str, variants: list[list[int]]
+) -> list[int]:
     hits = [(i, len(v)) for v in variants if (i := _find_sublist(generated, v)) >= 0]
     if hits:
         i, n = min(hits)

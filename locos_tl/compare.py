@@ -17,6 +17,7 @@ from jaxtyping import Float
 from scipy import stats
 from torch import Tensor
 
+from locos_tl.head_spec import parse_ks
 from locos_tl.heads import HeadScores
 
 BUCKETS = ("early", "middle", "late")
@@ -55,7 +56,7 @@ def compare_rankings(
 
     Args:
         a, b: :class:`HeadScores` (their mean ``scores``) or ``[n_layers, n_heads]`` arrays.
-        ks: the k of the top-k overlaps.
+        ks: the k of the top-k overlaps (an int or a list of ints >= 1).
 
     Returns:
         One row per bucket (``all``, ``early``, ``middle``, ``late``): ``layers``,
@@ -63,8 +64,9 @@ def compare_rankings(
         ``top{k}_overlap`` for each k (all unitless, in [-1, 1] / [0, 1]).
 
     Raises:
-        ValueError: shapes differ or are not 2-D.
+        ValueError: shapes differ or are not 2-D; a k that is not an integer >= 1.
     """
+    ks = parse_ks(ks, what="ks")
     A, B = _as_array(a), _as_array(b)
     if A.shape != B.shape:
         raise ValueError(f"score shapes differ: {A.shape} vs {B.shape}")

@@ -4,7 +4,11 @@ One pass feeds every detector: the prompt is prefilled once (fast SDPA twin of t
 model sharing the bridge's weight tensors, or the bridge itself in query chunks), then
 each decode step runs through the TransformerBridge with hooks on
 ``blocks.{l}.attn.hook_pattern`` (only the query row is kept) and the norm scales; values
-are read from the KV cache (they equal ``hook_v``). Memory is linear in context length:
+are read from the KV cache (they equal ``hook_v``). Rows and values are aligned to
+absolute key positions on every layer: a sliding-window layer's row covers only the last
+``window`` keys, and its cache drops the oldest of them during the step's update, so its
+values are the cache before the update plus the step's new value (the authors' release
+indexes the window-sliced row with absolute positions; docs/concepts.md). Memory is linear in context length:
 no ``N x N`` tensor is kept, and the bridge's eager attention sees at most
 ``chunk_size x N`` scores at a time (SDPA twin: one causal call, linear memory).
 
@@ -14,25 +18,57 @@ last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (docs/conce
 
 from __future__ import annotations
 
-import copy
 import logging
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import Any, Literal, get_args
 
 import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.errors import TrialError
+from locos_tl.answers import think_token_ids
+from locos_tl.errors import LocosError, NonFiniteError, TrialError
 from locos_tl.kernel import phi_layer
+from locos_tl.twin import sdpa_twin
 from locos_tl.unembed import AnswerDirections
 
 log = logging.getLogger(__name__)
 
-_TWINS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+StopRule = Literal["newline_token", "contains_newline"]
+STOP_RULES: tuple[str, ...] = get_args(StopRule)
+
+
+def check_stop_rule(rule: str) -> StopRule:
+    """Validate a stop rule name.
+
+    Raises:
+        ValueError: not one of :data:`STOP_RULES`.
+    """
+    if rule not in STOP_RULES:
+        raise ValueError(f"unknown stop rule {rule!r}; use one of {STOP_RULES}")
+    return rule  # type: ignore[return-value]
+
+
+def is_newline_stop(text: str, rule: StopRule = "newline_token") -> bool:
+    """Whether a generated token whose decoded text is ``text`` stops decoding.
+
+    ``"newline_token"`` (default; the authors' release, docs/concepts.md protocol table,
+    Gema, Alex & Minervini 2026, arXiv 2607.01002): only the bare newline token, whose
+    text is exactly ``"\\n"`` (also what the byte-fallback token ``<0x0A>`` decodes
+    to); a token that merely contains a newline (``".\\n"``, ``"\\n\\n"``) does not
+    stop. ``"contains_newline"`` (this project's earlier rule): any token whose text
+    contains ``"\\n"``.
+
+    Raises:
+        ValueError: unknown rule.
+    """
+    if rule == "newline_token":
+        return text == "\n"
+    if rule == "contains_newline":
+        return "\n" in text
+    raise ValueError(f"unknown stop rule {rule!r}; use one of {STOP_RULES}")
 
 
 @dataclass
@@ -45,9 +81,12 @@ class DecodeStep:
         key_tokens: ids of the ``N_t`` key positions (prompt + earlier generated tokens).
         pattern: attention rows of the query, ``[n_layers, n_heads, N_t]`` (float32,
             probability; zero-padded on the left for sliding-window layers).
-        values: per layer, ``[N_t, n_kv_heads, d_head]`` values (views of the KV cache).
+        values: per layer, ``[N_t, n_kv_heads, d_head]`` values at absolute key
+            positions (zeros before a sliding window, where the pattern is zero too).
         scales: norm ``hook_scale`` values at the query position (``exact`` variant).
         logits: the step's output logits, ``[d_vocab]``.
+        thinking: this step's token belongs to a ``<think> ... </think>`` block (its
+            markers included); such a step is never an answer step.
     """
 
     t: int
@@ -57,6 +96,7 @@ class DecodeStep:
     values: list[Tensor]
     scales: dict[str, float]
     logits: Tensor
+    thinking: bool = False
     _W_O: list[Tensor] = field(repr=False, default_factory=list)
     _directions: AnswerDirections | None = field(repr=False, default=None)
 
@@ -83,12 +123,25 @@ class DecodeStep:
 
 @dataclass
 class DecodeResult:
-    """Output of :func:`greedy_decode`: generated ids (stop token included) and text."""
+    """Output of :func:`greedy_decode`.
+
+    Attributes:
+        prompt_len: prompt tokens ``N``.
+        generated: generated ids, the stop token included.
+        text: the response: ``generated[response_start:]`` without the stop token,
+            decoded (special tokens skipped) and stripped; no thinking text.
+        stopped_by: ``"eos"``, ``"newline"`` or ``"max_new_tokens"``.
+        response_start: index in ``generated`` of the first step after the reasoning
+            block (0 without one; ``len(generated)`` when the block never closed).
+        thinking: the decoded reasoning block (markers excluded), ``""`` without one.
+    """
 
     prompt_len: int
     generated: list[int]
     text: str
     stopped_by: str
+    response_start: int = 0
+    thinking: str = ""
 
 
 def _hf_model(model: Any) -> Any:
@@ -99,57 +152,6 @@ def _new_cache(model: Any) -> Any:
     from transformers import DynamicCache
 
     return DynamicCache(config=_hf_model(model).config)
-
-
-def sdpa_twin(model: Any) -> Any | None:
-    """A plain HF model with SDPA attention sharing the bridge's weight tensors (no copy).
-
-    Used only to prefill the prompt fast (the bridge forces eager attention). Returns
-    None when no faithful twin can be built (device maps, multimodal wrappers, or a
-    logit mismatch against the bridge on a probe sequence).
-    """
-    if model in _TWINS:
-        return _TWINS[model]
-    twin = None
-    hf = _hf_model(model)
-    try:
-        if getattr(hf, "hf_device_map", None):
-            raise RuntimeError("device-mapped model")
-        from transformers import AutoModelForCausalLM
-
-        cfg = copy.deepcopy(hf.config)
-        with torch.device("meta"):
-            twin = AutoModelForCausalLM.from_config(
-                cfg, attn_implementation="sdpa", torch_dtype=next(hf.parameters()).dtype
-            )
-        clean = lambda k: k.replace("._original_component", "")  # noqa: E731
-        sd = {clean(k): v for k, v in hf.state_dict().items()}
-        twin.load_state_dict(sd, strict=False, assign=True)
-        buffers = {clean(k): v for k, v in hf.named_buffers()}
-        for name, buf in list(twin.named_buffers()):
-            if buf.is_meta:
-                mod_name, _, attr = name.rpartition(".")
-                src = buffers.get(name)
-                if src is None:
-                    raise RuntimeError(f"no source for buffer {name}")
-                setattr(twin.get_submodule(mod_name) if mod_name else twin, attr, src)
-        if any(p.is_meta for p in twin.parameters()):
-            raise RuntimeError("twin has unset parameters")
-        twin.eval()
-        probe = torch.arange(min(12, int(model.cfg.d_vocab)), device=next(hf.parameters()).device)
-        probe = probe.unsqueeze(0) % int(model.cfg.d_vocab)
-        with torch.no_grad():
-            a = twin(probe).logits.float()
-            b = model(probe, return_type="logits").float()
-        fp32 = next(hf.parameters()).dtype == torch.float32
-        tol = 1e-3 if fp32 else 5e-2
-        if not torch.allclose(a, b, atol=tol * max(1.0, b.abs().max().item()), rtol=0):
-            raise RuntimeError(f"twin logits differ by {(a - b).abs().max().item():.3g}")
-    except Exception as exc:  # any failure: fall back to the bridge's own prefill
-        log.info("SDPA prefill twin unavailable (%s); prefilling through the bridge", exc)
-        twin = None
-    _TWINS[model] = twin
-    return twin
 
 
 @torch.no_grad()
@@ -190,15 +192,82 @@ def prefill(
     return cache
 
 
+@torch.no_grad()
+def prefill_with_rows(
+    model: Any,
+    tokens: Tensor,
+    n_rows: int,
+    on_rows: Callable[[int, Tensor], None] | None,
+    *,
+    mode: str = "auto",
+    chunk_size: int | None = None,
+) -> Any:
+    """:func:`prefill` ``tokens`` (``[1, P]``), reading the attention rows of the last
+    ``n_rows`` positions on the way; returns the cache.
+
+    The first ``P - n_rows`` tokens are prefilled as usual, the last ``n_rows`` run
+    through the bridge in one forward on that cache, whose ``hook_pattern`` gives their
+    rows (``n_rows x P`` per head, no ``P x P`` tensor). ``on_rows(layer, rows)`` gets
+    ``rows`` ``[n_heads, n_rows, P]`` (float32, probability) at absolute key positions
+    (a sliding-window layer's row is right-aligned, zeros before the window). The cache
+    equals :func:`prefill`'s.
+    """
+    n_rows = min(n_rows, tokens.shape[1]) if on_rows is not None else 0
+    P = tokens.shape[1]
+    cache = prefill(model, tokens[:, : P - n_rows], mode=mode, chunk_size=chunk_size)
+    if n_rows == 0:
+        return cache
+
+    def keep(pattern: Tensor, hook: Any) -> None:
+        got = pattern[0].detach().to(torch.float32)  # [n_heads, n_rows, K]
+        full = got.new_zeros(got.shape[0], n_rows, P)
+        full[..., P - got.shape[-1] :] = got
+        on_rows(int(hook.name.split(".")[1]), full)  # type: ignore[misc]
+
+    hooks = [(f"blocks.{l}.attn.hook_pattern", keep) for l in range(int(model.cfg.n_layers))]
+    model.run_with_hooks(tokens[:, P - n_rows :], fwd_hooks=hooks, past_key_values=cache,
+                         use_cache=True, return_type=None)
+    return cache
+
+
 def _hooks_attached(model: Any) -> bool:
     """Whether any TransformerLens forward hook is attached to ``model``."""
     points = getattr(model, "hook_points", None)
     return callable(points) and any(getattr(hp, "fwd_hooks", None) for hp in points())
 
 
-def _cache_values(cache: Any, layer: int) -> Tensor:
-    vals = cache.layers[layer].values  # [1, n_kv, K, d_head]
-    return vals[0].transpose(0, 1)  # [K, n_kv, d_head]
+def _cache_values(cache: Any, layer: int) -> Tensor | None:
+    """The layer's cached values ``[1, n_kv, K, d_head]`` (None before the first update)."""
+    vals = getattr(cache.layers[layer], "values", None) if layer < len(cache.layers) else None
+    return vals if isinstance(vals, Tensor) else None
+
+
+def _step_values(before: Tensor | None, after: Tensor, n_row: int, layer: int) -> Tensor:
+    """Values of the ``n_row`` keys one decode step's query attended to, ``[n_row, n_kv,
+    d_head]``, oldest first (absolute positions ``N_t - n_row .. N_t - 1``).
+
+    ``before``/``after`` are the layer's cache values just before and after the step.
+    A full-attention layer's cache holds every key after the update. A sliding-window
+    layer (transformers ``DynamicSlidingWindowLayer``) keeps only the last ``window - 1``
+    keys, so after the update it no longer holds the oldest key the step attended to:
+    those keys are the cache before the update plus the step's new value. Both are
+    checked against the attention row's length, so a value can never be paired with the
+    attention weight of another position.
+
+    Raises:
+        LocosError: the cache holds neither layout (an unsupported cache class).
+    """
+    if after.shape[-2] == n_row:
+        v = after
+    elif before is not None and before.shape[-2] + 1 == n_row:
+        v = torch.cat([before, after[:, :, -1:]], dim=-2)
+    else:
+        raise LocosError(
+            f"layer {layer}: the attention row covers {n_row} keys but the KV cache holds "
+            f"{after.shape[-2]} after the step ({None if before is None else before.shape[-2]}"
+            " before); values cannot be aligned to key positions for this cache class"
+        )
+    return v[0].transpose(0, 1)  # [n_row, n_kv, d_head]
 
 
 def _stop_ids(model: Any) -> set[int]:
@@ -226,6 +295,10 @@ def greedy_decode(
     prefill_mode: str = "auto",
     chunk_size: int | None = None,
     forced_tokens: Sequence[int] | None = None,
+    stop_rule: StopRule = "newline_token",
+    thinking: bool = True,
+    prompt_window: int = 0,
+    on_prompt_rows: Callable[[int, Tensor], None] | None = None,
 ) -> DecodeResult:
     """Free greedy decoding through the bridge, calling ``on_step`` at every step.
 
@@ -235,19 +308,37 @@ def greedy_decode(
         max_new_tokens: at most this many generated tokens.
         on_step: called with a :class:`DecodeStep` (pattern rows, values, ``y_t``) per step.
         directions: answer directions for ``DecodeStep.phi``; needed only by phi users.
-        stop_at_newline: stop after a token whose text contains a newline.
+        stop_at_newline: stop at a newline (as ``stop_rule`` defines it); off for
+            multi-line answers.
         stop_at_eos: stop after an end-of-sequence token.
         prefill_mode, chunk_size: see :func:`prefill`.
         forced_tokens: teacher forcing: step ``t`` takes ``forced_tokens[t]`` instead of
             the argmax (decoding ends when they run out).
+        stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
+            newline token stops) or ``"contains_newline"`` (any token containing a
+            newline); see :func:`is_newline_stop`.
+        thinking: skip a ``<think> ... </think>`` block (Qwen3 style, tokens found by
+            text, :func:`locos_tl.answers.think_token_ids`; a block left open by the
+            prompt counts): newlines inside it and whitespace-only tokens right after
+            it never stop, and its text is kept out of the response (docs/concepts.md,
+            authors' release). ``False``: thinking tokens are ordinary tokens.
+        prompt_window: with ``on_prompt_rows``, read the attention rows of the last
+            ``prompt_window`` prompt positions (the HeadKV anchor variant): see
+            :func:`prefill_with_rows`. The row of the last prompt position is step 0's
+            ``DecodeStep.pattern``.
+        on_prompt_rows: called once per layer with that layer's rows of the positions
+            ``N - prompt_window .. N - 2``, ``[n_heads, rows, N - 1]``.
 
     Returns:
-        The generated ids (the stop token included) and the decoded response text
-        (stop token excluded, stripped).
+        The generated ids (the stop token included), the decoded response text (stop
+        token and thinking excluded, stripped), and where the response starts.
 
     Raises:
+        ValueError: unknown ``stop_rule``.
         TrialError: empty prompt, or prompt + ``max_new_tokens`` longer than ``n_ctx``.
+        NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
+    check_stop_rule(stop_rule)
     ids = torch.as_tensor(tokens, dtype=torch.long).reshape(1, -1)
     N = ids.shape[1]
     if N == 0:
@@ -264,7 +355,9 @@ def greedy_decode(
     W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]
     scale_hooks = directions.hook_names() if directions is not None else []
 
-    cache = prefill(model, ids[:, :-1], mode=prefill_mode, chunk_size=chunk_size)
+    cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
+                              if on_prompt_rows is not None else 0, on_prompt_rows,
+                              mode=prefill_mode, chunk_size=chunk_size)
     rows: dict[int, Tensor] = {}
     scales: dict[str, float] = {}
 
@@ -278,6 +371,15 @@ def greedy_decode(
     fwd_hooks += [(name, keep_scale) for name in scale_hooks]
     stop_ids = _stop_ids(model) if stop_at_eos else set()
     tok = model.tokenizer
+    think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
+    in_think = False  # does the prompt leave a thinking block open?
+    for i in ids[0].tolist() if think_open or think_close else ():
+        if i in think_open:
+            in_think = True
+        elif i in think_close:
+            in_think = False
+    start: int | None = None if in_think else 0  # response start; None while thinking
+    after_think = False  # only whitespace generated since the block closed
 
     key_tokens = ids[0].clone()
     step_input = ids[:, -1:]
@@ -288,35 +390,66 @@ def greedy_decode(
     for t in range(max_new_tokens):
         rows.clear()
         scales.clear()
+        before = [_cache_values(cache, l) for l in range(n_layers)]
         logits = model.run_with_hooks(
             step_input, fwd_hooks=fwd_hooks, past_key_values=cache, use_cache=True,
             return_type="logits",
         )[0, -1]
+        if not bool(torch.isfinite(logits).all()):  # e.g. fp16 overflow: argmax would be 0
+            raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
+                                 f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
         y = int(logits.argmax()) if forced_tokens is None else int(forced_tokens[t])
         n_keys = key_tokens.shape[0]
         pattern = torch.zeros(n_layers, int(model.cfg.n_heads), n_keys, device=device)
         values = []
         for l in range(n_layers):
+            # a sliding-window layer's row covers only the last K <= n_keys keys: place
+            # row and values at their absolute key positions, zeros before the window
             row = rows[l]
+            if row.shape[-1] > n_keys:
+                raise LocosError(f"layer {l}: attention row of {row.shape[-1]} keys for "
+                                 f"{n_keys} key positions")
             pattern[l, :, n_keys - row.shape[-1] :] = row
-            v = _cache_values(cache, l)
-            if v.shape[0] < n_keys:  # sliding-window layer: keys are the last K positions
+            after = _cache_values(cache, l)
+            if after is None:
+                raise LocosError(f"layer {l}: the KV cache holds no values after the step")
+            v = _step_values(before[l], after, row.shape[-1], l)
+            if v.shape[0] < n_keys:
                 pad = v.new_zeros(n_keys - v.shape[0], *v.shape[1:])
                 v = torch.cat([pad, v])
             values.append(v)
+        step_thinking = in_think or y in think_open or y in think_close
         if on_step is not None:
             on_step(DecodeStep(t=t, token=y, key_tokens=key_tokens, pattern=pattern,
                                values=values, scales=dict(scales), logits=logits,
-                               _W_O=W_O, _directions=directions))
+                               thinking=step_thinking, _W_O=W_O, _directions=directions))
         generated.append(y)
         key_tokens = torch.cat([key_tokens, key_tokens.new_tensor([y])])
         if y in stop_ids:
             stopped_by = "eos"
             break
-        if stop_at_newline and "\n" in tok.decode([y]):
+        if y in think_open:
+            in_think, start, after_think = True, None, False
+        elif y in think_close:
+            in_think, start, after_think = False, t + 1, True
+        if step_thinking:
+            step_input = ids.new_tensor([[y]])
+            continue
+        text_y = tok.decode([y])
+        if after_think and not text_y.strip():  # "</think>\n\n": part of the block
+            step_input = ids.new_tensor([[y]])
+            continue
+        after_think = False
+        if stop_at_newline and is_newline_stop(text_y, stop_rule):
             stopped_by = "newline"
             break
         step_input = ids.new_tensor([[y]])
-    body = generated[:-1] if stopped_by != "max_new_tokens" else generated
-    text = tok.decode(body, skip_special_tokens=True).strip()
-    return DecodeResult(prompt_len=N, generated=generated, text=text, stopped_by=stopped_by)
+    n_gen = len(generated)
+    start = n_gen if start is None else start
+    end = n_gen - 1 if stopped_by != "max_new_tokens" else n_gen
+    text = tok.decode(generated[start:end], skip_special_tokens=True).strip() if end > start else ""
+    think_ids = [g for g in generated[: min(start, end)]
+                 if g not in think_open and g not in think_close]
+    thought = tok.decode(think_ids, skip_special_tokens=True).strip() if think_ids else ""
+    return DecodeResult(prompt_len=N, generated=generated, text=text, stopped_by=stopped_by,
+                        response_start=start, thinking=thought)

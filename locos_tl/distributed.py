@@ -551,6 +551,9 @@ class ScoreSpec:
     gate_threshold: float
     prefill_mode: str = "auto"
     chunk_size: int | None = None
+    stop_rule: str = "newline_token"
+    thinking: bool = True
+    spans: tuple[tuple[str, str], ...] = ()  # per-method span overrides
 
 
 @dataclass(frozen=True)
@@ -569,14 +572,16 @@ class ScoreTask:
         s = self.spec
         state = host.cache.get(s)
         if state is None:
-            detectors = [get_detector(m) for m in s.methods]
+            over = dict(s.spans)
+            detectors = [get_detector(m, span=over.get(m)) for m in s.methods]  # type: ignore[arg-type]
             needs_phi = any(d.needs_phi for d in detectors)
             directions = AnswerDirections(host.model, s.variant) if needs_phi else None
             state = host.cache[s] = (detectors, directions)
         detectors, directions = state
         return run_trial(host.model, self.trial, detectors, directions=directions,
                          max_new_tokens=s.max_new_tokens, gate_threshold=s.gate_threshold,
-                         prefill_mode=s.prefill_mode, chunk_size=s.chunk_size)
+                         prefill_mode=s.prefill_mode, chunk_size=s.chunk_size,
+                         stop_rule=s.stop_rule, thinking=s.thinking)  # type: ignore[arg-type]
 
 
 def worker_model_source(
@@ -652,6 +657,9 @@ def score_trials_distributed(
     progress: bool = True,
     prefill_mode: str = "auto",
     chunk_size: int | None = None,
+    stop_rule: str = "newline_token",
+    thinking: bool = True,
+    spans: dict[str, str] | None = None,
     pool: RayPool | None = None,
     on_record: Callable[[ResultEvent], None] | None = None,
     **pool_kwargs: Any,
@@ -677,7 +685,8 @@ def score_trials_distributed(
         load_kwargs: :func:`locos_tl.load_model` arguments (``dtype``, ``device``,
             ``device_map``); default: float32, CUDA when the worker has a GPU.
         method, methods, variant, max_new_tokens, out_dir, seed, gate_threshold,
-            progress, prefill_mode, chunk_size: as in :func:`~locos_tl.score.score_trials`.
+            progress, prefill_mode, chunk_size, stop_rule, thinking, spans: as in
+            :func:`~locos_tl.score.score_trials`.
         pool: an open :func:`model_pool` to run on (left open); default: a pool for
             this call.
         on_record: driver-side callback per finished trial (progress, tests).
@@ -706,22 +715,30 @@ def score_trials_distributed(
     from locos_tl.score import (
         RESUME_KEYS,
         aggregate,
+        check_spans,
         check_trials_fit,
         finished_record,
+        method_spans,
         run_settings,
+        write_acceptance,
     )
     from locos_tl.unembed import check_variant
 
     names = list(methods) if methods is not None else [method]
     if not names:
         raise ValueError("no method given")
-    for m in names:
-        get_detector(m)  # unknown method: fail before starting Ray
+    spans = check_spans(spans, names)
+    detectors = [get_detector(m, span=spans.get(m)) for m in names]  # type: ignore[arg-type]
+    used_spans = method_spans(detectors)  # unknown method or span: fail before Ray
     variant = check_variant(variant)
     gate = GATE_THRESHOLD if gate_threshold is None else gate_threshold
     trials = list(trials)
+    from locos_tl.decode import check_stop_rule
+
     spec = ScoreSpec(methods=tuple(names), variant=variant, max_new_tokens=max_new_tokens,
-                     gate_threshold=gate, prefill_mode=prefill_mode, chunk_size=chunk_size)
+                     gate_threshold=gate, prefill_mode=prefill_mode, chunk_size=chunk_size,
+                     stop_rule=check_stop_rule(stop_rule), thinking=thinking,
+                     spans=tuple(sorted(spans.items())))
     with _model_pool_for(model_name_or_path, pool, workers=workers, ray_address=ray_address,
                          load_kwargs=load_kwargs, **pool_kwargs) as pool:
         info = pool.info()
@@ -734,15 +751,19 @@ def score_trials_distributed(
         settings = run_settings(info["model_name"], info["provenance"]["model"]["dtype"],
                                 variant=variant, methods=names,
                                 max_new_tokens=max_new_tokens, gate_threshold=gate,
-                                seed=seed, trials=trials)
+                                seed=seed, trials=trials, stop_rule=spec.stop_rule,
+                                thinking=thinking, spans=used_spans)
         store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
         meta = {**info["provenance"], "settings": settings}
         if store is not None:
             store.write_meta(meta)
+            from locos_tl.rundir import prune_stale_methods
+
+            prune_stale_methods(out_dir, names)
         records: list[dict[str, Any] | None] = []
         todo: list[int] = []
         for i, trial in enumerate(trials):
-            rec = finished_record(store, trial, names)
+            rec = finished_record(store, trial, names, used_spans)
             records.append(rec)
             if rec is None:
                 todo.append(i)
@@ -761,6 +782,7 @@ def score_trials_distributed(
         meta["distributed"] = {"workers": pool.n_workers, "ray_address": pool.ray_address,
                                "retried_trials": retried,
                                "dead_workers": len(pool.stats.dead_workers)}
+    write_acceptance(store, meta, records, names)  # type: ignore[arg-type]
     return aggregate(records, names, model=shape, variant=variant, meta=meta, seed=seed,
                      as_dict=methods is not None)
 
@@ -784,6 +806,8 @@ class AblatedGenerationTask:
     max_new_tokens: int
     stop_at_newline: bool = True
     chunk_size: int = 1024
+    stop_rule: str = "newline_token"
+    thinking: bool = True
 
     def __call__(self, host: ModelHost) -> dict[str, Any]:
         from locos_tl.ablation import ablate
@@ -793,7 +817,9 @@ class AblatedGenerationTask:
             res = greedy_decode(host.model, self.trial.tokens,
                                 max_new_tokens=self.max_new_tokens,
                                 stop_at_newline=self.stop_at_newline, prefill_mode="bridge",
-                                chunk_size=self.chunk_size)
+                                chunk_size=self.chunk_size,
+                                stop_rule=self.stop_rule,  # type: ignore[arg-type]
+                                thinking=self.thinking)
         return {"response": res.text, "generated": res.generated, "stopped_by": res.stopped_by}
 
 
@@ -806,6 +832,8 @@ def generate_ablated_distributed(
     max_new_tokens: int = 100,
     stop_at_newline: bool = True,
     chunk_size: int = 1024,
+    stop_rule: str = "newline_token",
+    thinking: bool = True,
     workers: int = 2,
     ray_address: str | None = None,
     load_kwargs: dict[str, Any] | None = None,
@@ -823,7 +851,7 @@ def generate_ablated_distributed(
         items: ``(heads, trial)`` pairs: the ``(layer, head)`` list to ablate (empty: no
             ablation) and the :class:`~locos_tl.trials.Trial` to generate for.
         mode, means: see :func:`locos_tl.ablation.ablate`.
-        max_new_tokens, stop_at_newline, chunk_size: see
+        max_new_tokens, stop_at_newline, chunk_size, stop_rule, thinking: see
             :func:`locos_tl.decode.greedy_decode`.
         workers, ray_address, load_kwargs, pool, **pool_kwargs: as in
             :func:`score_trials_distributed`.
@@ -840,7 +868,8 @@ def generate_ablated_distributed(
     """
     require_ray()
     tasks = [AblatedGenerationTask(tuple((int(a), int(b)) for a, b in heads), mode, means,
-                                   trial, max_new_tokens, stop_at_newline, chunk_size)
+                                   trial, max_new_tokens, stop_at_newline, chunk_size,
+                                   stop_rule, thinking)
              for heads, trial in items]
     with _model_pool_for(model, pool, workers=workers, ray_address=ray_address,
                          load_kwargs=load_kwargs, **pool_kwargs) as pool:

@@ -17,3 +17,13 @@ class ModelLoadError(LocosError, ValueError):
 
 class DataFormatError(LocosError, ValueError):
     """An input data file (needle set, probe file, haystack) is malformed."""
+
+
+class NonFiniteError(TrialError):
+    """A forward pass produced non-finite numbers (NaN or inf logits or phi), e.g. after
+    an fp16 overflow: the trial cannot be scored."""
+
+
+class HeadSpecError(LocosError, ValueError):
+    """An argument naming attention heads (or a head count ``k``) is malformed or outside
+    the model; see :mod:`locos_tl.head_spec` for the accepted forms."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,19 +34,21 @@ from locos_tl.ablation import (
     check_mode,
     random_heads,
 )
-from locos_tl.decode import greedy_decode
+from locos_tl.decode import StopRule, check_stop_rule, greedy_decode
+from locos_tl.head_spec import HeadSpecError, as_int, parse_heads, parse_ks
 from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
-from locos_tl.task_metrics import Scorer, get_scorer, scorer_name
+from locos_tl.task_metrics import DEFAULT_CONTROL_METRIC, Scorer, get_scorer, scorer_name
 from locos_tl.trials import Trial, trial_set_hash
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
 BASELINE = "baseline"
 RANDOM = "random"
-RESUME_KEYS = ("model", "mode", "means_hash", "max_new_tokens", "stop_at_newline")
+RESUME_KEYS = ("model", "mode", "means_hash", "max_new_tokens", "stop_at_newline",
+               "stop_rule", "thinking")
 COLUMNS = ["method", "k", "seed", "metric", "value", "n_trials"]
 
 
@@ -79,14 +82,26 @@ def means_hash(means: AblationMeans | None) -> str | None:
     return h.hexdigest()[:16]
 
 
-def _ranking(hs: Sequence[Head] | HeadScores) -> list[Head]:
+def _ranking(hs: Sequence[Head | str] | HeadScores, name: str, n_layers: int,
+             n_heads: int) -> list[Head]:
     if isinstance(hs, HeadScores):
         return hs.ranked(True)
-    return [(int(l), int(h)) for l, h in hs]
+    return parse_heads(hs, n_layers=n_layers, n_heads=n_heads, what=f"head_sets[{name!r}]",
+                       unique=True)
+
+
+def _check_head_sets(head_sets: Any) -> None:
+    if not isinstance(head_sets, Mapping):
+        raise HeadSpecError("head_sets must be a dict {name: ranking}, e.g. "
+                            "{'locos': scores, 'mine': [(14, 3), 'L20H1']}, got "
+                            f"{type(head_sets).__name__}")
+    for name in head_sets:
+        if not isinstance(name, str) or not name:
+            raise HeadSpecError(f"head_sets keys must be non-empty method names, got {name!r}")
 
 
 def build_jobs(
-    head_sets: Mapping[str, Sequence[Head] | HeadScores],
+    head_sets: Mapping[str, Sequence[Head | str] | HeadScores],
     ks: Sequence[int],
     *,
     n_layers: int,
@@ -99,8 +114,12 @@ def build_jobs(
     seed and the bottom-k control.
 
     Args:
-        head_sets: method name -> ranked ``(layer, head)`` list or :class:`HeadScores`.
-        ks: the k values; a k beyond a ranking's length is skipped for it.
+        head_sets: method name -> :class:`HeadScores` or a ranked list of heads in any
+            form of :func:`locos_tl.head_spec.parse_heads` (``(14, 3)``, ``"L14H3"``,
+            ``"14-3"``; no head twice).
+        ks: the k values, each in ``0..n_layers * n_heads`` (0 is the baseline, always
+            run); a k beyond a head list's length is skipped for it (:func:`evaluate`
+            warns and records it).
         n_layers, n_heads: the model's geometry (for random heads).
         seeds: seeds of the random-heads control (method ``"random"``).
         random: include the random control.
@@ -109,14 +128,15 @@ def build_jobs(
             present, else the first :class:`HeadScores`; None: no bottom-k control.
 
     Raises:
-        ValueError: a negative k, or ``bottom`` names no :class:`HeadScores` entry.
+        HeadSpecError: (a ``ValueError``) a k that is not an integer or outside
+            ``0..n_layers * n_heads``; a malformed, out-of-range or repeated head.
+        ValueError: ``bottom`` names no :class:`HeadScores` entry.
     """
-    if any(int(k) < 0 for k in ks):
-        raise ValueError(f"k values must be >= 0, got {list(ks)}")
-    ks = sorted({int(k) for k in ks if int(k) > 0})
+    _check_head_sets(head_sets)
+    ks = [x for x in parse_ks(ks, n_total=n_layers * n_heads, allow_zero=True) if x > 0]
     jobs = [AblationJob(BASELINE, 0, 0, ())]
     for name, hs in head_sets.items():
-        ranking = _ranking(hs)
+        ranking = _ranking(hs, name, n_layers, n_heads)
         jobs += [AblationJob(name, k, 0, tuple(ranking[:k])) for k in ks if k <= len(ranking)]
     if random:
         for seed in seeds:
@@ -140,9 +160,9 @@ def build_jobs(
 def evaluate(
     model: Any,
     trials: Sequence[Trial],
-    head_sets: Mapping[str, Sequence[Head] | HeadScores],
+    head_sets: Mapping[str, Sequence[Head | str] | HeadScores],
     *,
-    k: Sequence[int] = DEFAULT_KS,
+    k: int | Sequence[int] | None = None,
     mode: AblationMode = "query_mean",
     means: AblationMeans | None = None,
     seeds: Sequence[int] = (0, 1, 2),
@@ -153,6 +173,8 @@ def evaluate(
     max_new_tokens: int = 100,
     stop_at_newline: bool = True,
     chunk_size: int = 1024,
+    stop_rule: StopRule = "newline_token",
+    thinking: bool = True,
     progress: bool = True,
     workers: int = 1,
     ray_address: str | None = None,
@@ -167,9 +189,13 @@ def evaluate(
     Args:
         model: a TransformerBridge.
         trials: the evaluation trials (e.g. NoLiMa at lengths 1000..16000).
-        head_sets: method name -> ranking (``HeadScores`` or a ranked head list).
-        k: head counts to ablate; k=0 (no ablation) is always run, as method
-            ``"baseline"``.
+        head_sets: method name -> ranking: a ``HeadScores`` or a ranked list of heads in
+            any form of :func:`locos_tl.head_spec.parse_heads` (``(14, 3)``,
+            ``"L14H3"``, ``"14-3"``; no head twice). A k beyond a list's length is
+            skipped for it with a warning, recorded as ``skipped_k`` in ``meta.json``.
+        k: head counts to ablate, each in ``1..n_layers * n_heads``; default: the
+            paper's :data:`DEFAULT_KS` (1, 5, 10, 20, 50, 100) up to the model's head
+            count. k=0 (no ablation) is always run, as method ``"baseline"``.
         mode: ablation mode (see :func:`locos_tl.ablate`).
         means: calibration means (:func:`locos_tl.calibrate_means`), needed by
             ``query_mean`` and ``output_mean``.
@@ -177,13 +203,19 @@ def evaluate(
         random: include the random-heads control (method ``"random"``).
         bottom: bottom-k control source (see :func:`build_jobs`).
         scorer: ``"nolima"`` (``rougeL``, ``contains``), ``"musique"`` (``em``,
-            ``f1``), ``"babilong"`` (``substring``) or a callable
+            ``f1``), ``"babilong"`` (``substring``), ``"control"`` (``exact_match``,
+            ``contains``; the specificity controls) or a callable
             ``(response, trial) -> {metric: value}``.
         out_dir: run directory (``trials.jsonl`` generations, ``meta.json`` provenance,
             ``evaluation.csv``); a rerun with the same settings skips finished work.
         max_new_tokens: greedy decoding budget.
         stop_at_newline: stop at a newline (off for multi-line answers such as MuSiQue).
         chunk_size: prefill query chunk (memory ``O(chunk_size x N)`` per layer).
+        stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
+            newline token stops) or ``"contains_newline"``; see
+            :func:`locos_tl.decode.greedy_decode`. Recorded in ``meta.json``.
+        thinking: skip a ``<think> ... </think>`` block before the stop rule and keep
+            its text out of the scored response (default). Recorded in ``meta.json``.
         progress: show a tqdm bar over (head set, trial) generations.
         workers: > 1 (or a ``ray_address``): spread the generations over that many Ray
             actors, each loading the model from the bridge's recorded path and dtype;
@@ -200,6 +232,10 @@ def evaluate(
 
     Raises:
         ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``.
+        HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
+            malformed, repeated or out-of-range head; a k or seed that is not an
+            integer, a k below 1 or above ``n_layers * n_heads`` (nothing is dropped
+            silently).
         TrialError: a trial does not fit the model.
         LocosError: ``out_dir`` holds a run made with other settings.
     """
@@ -207,11 +243,24 @@ def evaluate(
     if mode.endswith("_mean") and means is None:
         raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
     score_fn = get_scorer(scorer)
+    stop_rule = check_stop_rule(stop_rule)
     trials = list(trials)
     check_trials_fit(model, trials, max_new_tokens)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    _check_head_sets(head_sets)
+    if k is None:
+        k = [x for x in DEFAULT_KS if x <= L * H]
+    else:
+        k = parse_ks(k, n_total=L * H, what="k")
+    seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
     jobs = build_jobs(head_sets, k, n_layers=L, n_heads=H, seeds=seeds, random=random,
                       bottom=bottom)
+    made = {(j.method, j.k) for j in jobs}
+    skipped = {name: [x for x in k if (name, x) not in made] for name in head_sets}
+    skipped = {name: ks for name, ks in skipped.items() if ks}
+    if skipped:
+        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={ks}: those k are "
+                                "skipped for it" for n, ks in skipped.items()), stacklevel=2)
     for name, hs in head_sets.items():  # fail before any generation, not halfway through
         if isinstance(hs, HeadScores):
             if (hs.n_layers, hs.n_heads) != (L, H):
@@ -225,8 +274,10 @@ def evaluate(
     settings = {
         "model": model_name(model), "mode": mode, "means_hash": means_hash(means),
         "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
+        "stop_rule": stop_rule, "thinking": thinking,
         "scorer": scorer_name(scorer), "ks": sorted({int(x) for x in k}),
         "seeds": [int(s) for s in seeds], "methods": sorted({j.method for j in jobs}),
+        "skipped_k": skipped,
         "n_trials": len(trials), "trial_set_hash": trial_set_hash(trials),
         "head_sets": {j.key: [list(h) for h in j.heads] for j in jobs},
     }
@@ -259,7 +310,8 @@ def evaluate(
         generate_ablated_distributed(
             model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
             max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline,
-            chunk_size=chunk_size, workers=workers, ray_address=ray_address,
+            chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
+            workers=workers, ray_address=ray_address,
             progress=progress,
             on_result=lambda ev: keep(*todo[ev.index], ev.result["response"],
                                       ev.result["generated"], ev.result["stopped_by"]),
@@ -275,7 +327,8 @@ def evaluate(
             for t in pending:
                 res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
                                     stop_at_newline=stop_at_newline, prefill_mode="bridge",
-                                    chunk_size=chunk_size)
+                                    chunk_size=chunk_size, stop_rule=stop_rule,
+                                    thinking=thinking)
                 keep(key, t, res.text, res.generated, res.stopped_by)
                 bar.update(1)
     bar.close()
@@ -309,18 +362,22 @@ def dissociation_score(
     df_control: pd.DataFrame,
     *,
     retrieval_metric: str = "rougeL",
-    control_metric: str = "contains",
+    control_metric: str = DEFAULT_CONTROL_METRIC,
 ) -> pd.DataFrame:
     """Dissociation score ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (docs/concepts.md).
 
     ``R``: retrieval metric, ``P``: control metric (parametric recall or arithmetic),
     index 0: no ablation (the ``"baseline"`` row). Values are first averaged over
     seeds. DS near 1: the heads are needed for retrieval only; near 0: the ablation
-    hurts both alike (or neither). Unitless.
+    hurts both alike (or neither). Unitless. Source: arXiv 2607.01002, Sec. 4; the
+    control metric defaults to the authors' exact match after lower-casing and
+    stripping (``scorer="control"`` rows ``exact_match``); ``"contains"`` (NoLiMa's
+    case-sensitive substring, the former default) is the option.
 
     Args:
         df_retrieval, df_control: :func:`evaluate` outputs on retrieval and control trials
-            (same head sets and k).
+            (same head sets and k); control trials scored with ``scorer="control"``
+            (trials from :mod:`locos_tl.data.controls`).
         retrieval_metric, control_metric: the ``metric`` rows to use.
 
     Returns:

@@ -8,6 +8,7 @@ score; also the step-pooled mean (every used step weighted equally) and a bootst
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,7 +22,8 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.errors import DataFormatError
+from locos_tl.errors import DataFormatError, LocosError
+from locos_tl.head_spec import as_count
 
 Head = tuple[int, int]
 
@@ -76,6 +78,12 @@ class HeadScores:
         return int(self.trial_scores.shape[0])
 
     @property
+    def n_contributing(self) -> Tensor:
+        """``[n_layers, n_heads]`` int: trials whose score for the head is finite (the
+        trials its mean is taken over; NaN values are skipped, so not counted)."""
+        return torch.isfinite(self.trial_scores).sum(0)
+
+    @property
     def n_layers(self) -> int:
         return int(self.trial_scores.shape[1])
 
@@ -127,8 +135,34 @@ class HeadScores:
         return (torch.from_numpy(low).reshape(shape), torch.from_numpy(high).reshape(shape))
 
     # -- rankings ---------------------------------------------------------------
+    def check_rankable(self) -> None:
+        """Refuse to rank a score set in which no head has a score.
+
+        Raises:
+            LocosError: no accepted trial (or every score NaN): an order would only be
+                the head index order. The message gives the drop counts in ``meta``.
+        """
+        if self.n_trials and not bool(torch.isnan(self.scores).all()):
+            return
+        m = self.meta
+        counts = ", ".join(f"{k[len('n_dropped_'):]}: {m[k]}" for k in sorted(m)
+                           if k.startswith("n_dropped_") and m[k])
+        raise LocosError(
+            f"cannot rank the {self.method!r} heads: no trial contributed a score "
+            f"({self.n_trials} accepted of {m.get('n_trials', '?')} trials"
+            + (f"; dropped {counts}" if counts else "") + "), so every head score is NaN. "
+            "Check the responses in the run's trials.jsonl (records_frame()), use trials "
+            "the model answers, or a larger max_new_tokens"
+        )
+
     def ranked(self, descending: bool = True) -> list[Head]:
-        """All heads ordered by score (NaN last), ties broken by (layer, head)."""
+        """All heads ordered by score (NaN last), ties broken by (layer, head).
+
+        Raises:
+            LocosError: no head has a score (no accepted trial); see
+                :meth:`check_rankable`.
+        """
+        self.check_rankable()
         flat = self.scores.flatten().clone()
         fill = float("-inf") if descending else float("inf")
         flat[torch.isnan(flat)] = fill
@@ -136,17 +170,28 @@ class HeadScores:
         return [divmod(i, self.n_heads) for i in order]
 
     def top_k(self, k: int) -> list[Head]:
-        """The ``k`` highest-scoring heads as ``(layer, head)`` pairs."""
-        return self.ranked(True)[:k]
+        """The ``k`` highest-scoring heads as ``(layer, head)`` pairs.
+
+        Raises:
+            LocosError: no head has a score (no accepted trial); ``k`` is not an
+                integer >= 0 (``HeadSpecError``).
+        """
+        return self.ranked(True)[:as_count(k)]
 
     def bottom_k(self, k: int) -> list[Head]:
-        """The ``k`` lowest-scoring heads (the bottom-k ablation control)."""
-        return self.ranked(False)[:k]
+        """The ``k`` lowest-scoring heads (the bottom-k ablation control).
+
+        Raises:
+            LocosError: no head has a score (no accepted trial); ``k`` is not an
+                integer >= 0 (``HeadSpecError``).
+        """
+        return self.ranked(False)[:as_count(k)]
 
     # -- tables and files -------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:
         """One row a head: ``layer, head, label, score, ci_low, ci_high, pooled,
-        n_trials, method, variant``, sorted by score descending."""
+        n_trials, method, variant``, sorted by score descending. ``n_trials`` is per
+        head: the trials whose score for it is finite (those its mean is taken over)."""
         low, high = self.ci
         L, H = self.n_layers, self.n_heads
         layer, head = np.divmod(np.arange(L * H), H)
@@ -160,7 +205,7 @@ class HeadScores:
                 "ci_low": low.flatten().numpy(),
                 "ci_high": high.flatten().numpy(),
                 "pooled": pooled.flatten().numpy() if pooled is not None else np.nan,
-                "n_trials": self.n_trials,
+                "n_trials": self.n_contributing.flatten().numpy(),
                 "method": self.method,
                 "variant": self.variant,
             }
@@ -215,7 +260,15 @@ class HeadScores:
 
     def save(self, out_dir: str | Path) -> Path:
         """Write ``heads.json`` (reference format), ``scores.csv`` (:meth:`to_frame`) and
-        ``head_scores.json`` (everything, for :meth:`load`) into ``out_dir``."""
+        ``head_scores.json`` (everything, for :meth:`load`) into ``out_dir``.
+
+        Warns (``RuntimeWarning``) when no trial was accepted: ``heads.json`` then holds
+        an empty list per head.
+        """
+        if self.n_trials == 0:
+            warnings.warn(f"{self.method}: no accepted trial; {Path(out_dir)}/heads.json "
+                          "holds an empty list per head and scores.csv only NaN",
+                          RuntimeWarning, stacklevel=2)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.to_reference_json(out / "heads.json")
@@ -271,14 +324,22 @@ class HeadScores:
     ) -> HeadScores:
         """Aggregate per-trial records (see ``locos_tl.score``) for one method.
 
-        A record contributes when it was accepted and has a score for ``method``.
+        A record contributes when ``method`` accepted it (per-method acceptance,
+        :func:`locos_tl.acceptance.method_accepted`) and has a score for ``method`` that
+        is not NaN everywhere (such a trial adds nothing to any mean, so it is not
+        counted).
         """
+        from locos_tl.acceptance import method_accepted
+
         scores, ids, steps = [], [], []
         for r in records:
             s = (r.get("scores") or {}).get(method)
-            if not r.get("accepted") or s is None:
+            if not method_accepted(r, method) or s is None:
                 continue
-            scores.append(torch.tensor(s, dtype=torch.float64))
+            score = torch.tensor(s, dtype=torch.float64)
+            if bool(torch.isnan(score).all()):
+                continue
+            scores.append(score)
             ids.append(r["trial_id"])
             for st in (r.get("step_values") or {}).get(method, []):
                 steps.append(torch.tensor(st, dtype=torch.float64))

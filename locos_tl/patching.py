@@ -24,6 +24,7 @@ scores per layer).
 from __future__ import annotations
 
 import copy
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -41,6 +42,7 @@ from locos_tl.models import model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
+from locos_tl.tokenize import check_no_bos, encode_fragment
 from locos_tl.trials import Trial, trial_set_hash
 
 Corruption = Literal["filler", "name_swap"]
@@ -68,7 +70,10 @@ def corrupt_tokens(
     """The trial's prompt with its needle corrupted; same length as the clean prompt.
 
     Args:
-        tokenizer: the model's tokenizer.
+        tokenizer: the model's tokenizer (or the bridge); fragments are encoded by
+            :func:`locos_tl.tokenize.encode_fragment` (no special tokens), so the
+            corrupted prompt keeps the clean prompt's BOS at position 0 and gets none
+            elsewhere.
         trial: the clean trial.
         corruption: ``"filler"`` replaces every needle token by filler tokens (``filler``
             text tokenized without special tokens, or ids, cycled); ``"name_swap"``
@@ -80,18 +85,19 @@ def corrupt_tokens(
     Raises:
         ValueError: unknown corruption, or empty filler.
         TrialError: ``name_swap`` finds no answer tokens in the needle, or no candidate
-            name of the same token length.
+            name of the same token length; the filler holds the checkpoint's BOS.
     """
     if corruption not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
     toks = list(trial.tokens)
     s, e = trial.needle_span
     if corruption == "filler":
-        fill = (tokenizer.encode(filler, add_special_tokens=False) if isinstance(filler, str)
+        fill = (encode_fragment(tokenizer, filler) if isinstance(filler, str)
                 else [int(x) for x in filler])
         if not fill:
             raise ValueError("filler has no token")
         toks[s:e] = [fill[i % len(fill)] for i in range(e - s)]
+        check_no_bos(tokenizer, fill, start=0, what="filler")
         return toks
     needle = toks[s:e]
     for variant in answer_token_variants(tokenizer, trial.answer):
@@ -103,7 +109,7 @@ def corrupt_tokens(
         for name in swap_names:
             if name.strip().lower() == trial.answer.strip().lower():
                 continue
-            cand = tokenizer.encode(lead + name.strip(), add_special_tokens=False)
+            cand = encode_fragment(tokenizer, lead + name.strip())
             if len(cand) == len(variant):
                 for i in hits:
                     needle[i : i + len(variant)] = cand
@@ -197,6 +203,44 @@ def _answer_target(
     return generated[: steps[0]], {generated[steps[0]]}
 
 
+def head_patch_hook(
+    z_clean: Float[Tensor, "pos n_heads d_head"],
+    pairs: Sequence[tuple[int, int]],
+    state: dict[str, int],
+    offset: int = 0,
+) -> Callable[[Tensor, Any], Tensor]:
+    """A ``hook_z`` hook writing the clean run's output of one head per batch row.
+
+    Row ``i`` of the batch gets head ``h``'s clean ``hook_z`` for each ``(i, h)`` in
+    ``pairs``; every other head of the layer (and every other row) keeps the corrupted
+    run's value, so patching head ``(l, h)`` changes no other head's ``hook_z`` at layer
+    ``l`` (``hook_z`` is per head, after QK-norm, attention and before ``W_O``, so no norm
+    mixes heads there on any architecture).
+
+    Args:
+        z_clean: the clean run's ``hook_z`` of this layer at absolute positions
+            ``[offset, offset + pos)``.
+        pairs: ``(batch row, head)`` pairs.
+        state: ``state["start"]``: absolute position of the current chunk's first query.
+        offset: absolute position of ``z_clean[0]``.
+
+    Returns:
+        The hook (returns a patched copy of ``[batch, chunk, n_heads, d_head]``).
+    """
+    rows = torch.tensor([i for i, _ in pairs], device=z_clean.device)
+    cols = torch.tensor([h for _, h in pairs], device=z_clean.device)
+
+    def patch(x: Tensor, hook: Any) -> Tensor:  # [batch, chunk, n_heads, d_head]
+        a = state["start"] - offset
+        src = z_clean[a : a + x.shape[1]]  # [chunk, n_heads, d_head]
+        x = x.clone()
+        x[rows.to(x.device), :, cols.to(x.device)] = (
+            src[:, cols].transpose(0, 1).to(device=x.device, dtype=x.dtype))
+        return x
+
+    return patch
+
+
 def _logit_diff(logits: Tensor, gold: int, cf: int) -> Tensor:
     return logits[..., gold] - logits[..., cf]
 
@@ -282,20 +326,8 @@ def cri_trial(
         for i, (l, h) in enumerate(batch):
             by_layer.setdefault(l, []).append((i, h))
 
-        def make(layer: int, pairs: list[tuple[int, int]]) -> Callable:
-            rows = torch.tensor([i for i, _ in pairs], device=device)
-            cols = torch.tensor([h for _, h in pairs], device=device)
-
-            def patch(x: Tensor, hook: Any) -> Tensor:  # [batch, chunk, n_heads, d_head]
-                a = state["start"] - shared
-                src = z[layer][a : a + x.shape[1]]  # [chunk, n_heads, d_head]
-                x = x.clone()
-                x[rows, :, cols] = src[:, cols].transpose(0, 1).to(x.dtype)
-                return x
-
-            return patch
-
-        hooks = [(f"blocks.{l}.attn.hook_z", make(l, pairs)) for l, pairs in by_layer.items()]
+        hooks = [(f"blocks.{l}.attn.hook_z", head_patch_hook(z[l], pairs, state, shared))
+                 for l, pairs in by_layer.items()]
         ids = corr.expand(len(batch), -1).contiguous()  # batch axis = patched heads
         logits = _last_logits(model, ids, chunk_size=chunk_size, start=shared,
                               cache=_copy_cache(prefix_cache, len(batch)), fwd_hooks=hooks,
@@ -353,8 +385,12 @@ def patch_heads(
 
     Raises:
         ValueError: unknown corruption or answer position.
-        TrialError: a trial does not fit the model or cannot be corrupted.
-        LocosError: ``out_dir`` holds a run with other settings.
+        TrialError: a trial does not fit the model (the prompt, plus ``max_new_tokens``
+            with ``"generated"``) or cannot be corrupted.
+        LocosError: ``out_dir`` holds a run with other settings or another trial set.
+
+    Warns:
+        RuntimeWarning: no trial was usable (every CRI is NaN).
     """
     if answer_position not in get_args(AnswerPosition):
         raise ValueError(f"unknown answer_position {answer_position!r}; use one of "
@@ -362,7 +398,9 @@ def patch_heads(
     if corruption not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
     trials = list(trials)
-    check_trials_fit(model, trials, max_new_tokens)
+    # "prompt_end" reads the last prompt position and generates nothing: only the prompt
+    # must fit (with max_new_tokens=1 the check is N <= n_ctx)
+    check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)
     if batch_size is None:
         batch_size = default_batch_size(next(model.original_model.parameters()).device)
     settings = {"model": model_name(model), "method": "cri", "corruption": corruption,
@@ -385,6 +423,13 @@ def patch_heads(
         records.append(rec)
     counts = {"n_trials": len(records), "n_accepted": sum(bool(r["accepted"]) for r in records),
               "n_dropped_no_answer_step": sum(r["dropped"] == "no_answer_step" for r in records)}
+    if records and counts["n_accepted"] == 0:
+        warnings.warn(
+            f"patch_heads: no usable trial: 0 of {counts['n_trials']} "
+            f"({counts['n_dropped_no_answer_step']} greedy responses lack the answer within "
+            f"max_new_tokens={max_new_tokens}); every CRI is NaN and rankings refuse. Use "
+            "trials the model answers, or answer_position='prompt_end'",
+            RuntimeWarning, stacklevel=2)
     return HeadScores.from_records(records, "cri", n_layers=int(model.cfg.n_layers),
                                    n_heads=int(model.cfg.n_heads), meta={**meta, **counts})
 

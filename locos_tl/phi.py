@@ -10,7 +10,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from locos_tl.decode import DecodeStep, greedy_decode
-from locos_tl.errors import TrialError
+from locos_tl.errors import NonFiniteError, TrialError
 from locos_tl.unembed import AnswerDirections
 
 
@@ -44,6 +44,8 @@ def phi_tensor(
     Raises:
         TrialError: ``query_pos`` outside the tokens, or ``target_token`` outside the
             vocabulary.
+        NonFiniteError: the forward pass gave NaN or inf logits, or phi holds NaN or
+            inf (a :class:`TrialError`).
         ValueError: unknown variant.
     """
     ids = torch.as_tensor(tokens, dtype=torch.long).reshape(-1)
@@ -61,4 +63,10 @@ def phi_tensor(
         stop_at_eos=False,
     )
     step = captured[0]
+    if not bool(torch.isfinite(step.phi).all()):
+        n_bad = int((~torch.isfinite(step.phi)).sum())
+        raise NonFiniteError(
+            f"phi holds {n_bad} NaN or inf values of {step.phi.numel()} (model dtype "
+            f"{next(model.parameters()).dtype}; an fp16 overflow? try bfloat16 or float32)"
+        )
     return (step.phi, step.pattern) if return_pattern else step.phi

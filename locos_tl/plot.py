@@ -25,6 +25,7 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
+from locos_tl.head_spec import as_int, parse_head, parse_heads
 from locos_tl.heads import Head, HeadScores, head_label
 
 __all__ = [
@@ -186,6 +187,7 @@ def layer_distribution(
         heads); right, ``Bar`` of the fraction of top-k heads per depth bin.
     """
     items = _as_list(scores)
+    k = as_int(k, "k")
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     fig = make_subplots(rows=1, cols=2, subplot_titles=("by layer", "by normalised depth"))
@@ -475,7 +477,7 @@ def phi_explorer(
     *,
     needle_span: tuple[int, int] | None = None,
     target: str | None = None,
-    heads: Sequence[Head] | None = None,
+    heads: Sequence[Head | str] | None = None,
     window: tuple[int, int] | None = None,
     max_ticks: int = 120,
     title: str | None = None,
@@ -494,7 +496,9 @@ def phi_explorer(
         step: the answer step index ``t`` (shown in the title).
         needle_span: ``(s, e)`` key positions of the needle, end exclusive (shaded).
         target: the string of ``y_t`` (shown in the title).
-        heads: draw only these ``(layer, head)`` rows (default: all).
+        heads: draw only these rows (default: all), in any form of
+            :func:`locos_tl.head_spec.parse_heads`: ``(layer, head)``, ``"L3H1"``,
+            ``"3-1"``.
         window: draw only positions ``[a, b)`` (absolute positions stay on the axis).
         max_ticks: label the axis with token strings up to this many positions (hover
             always shows them).
@@ -504,7 +508,8 @@ def phi_explorer(
         A figure with one ``Heatmap`` (``z`` is ``[n_heads_shown, n_positions]``).
 
     Raises:
-        ValueError: ``phi`` is not 3-D or ``tokens`` does not match its last axis.
+        ValueError: ``phi`` is not 3-D or ``tokens`` does not match its last axis; a
+            malformed head or one outside ``phi``'s layers x heads (``HeadSpecError``).
     """
     z3 = _np(phi)
     if z3.ndim != 3:
@@ -512,7 +517,8 @@ def phi_explorer(
     L, H, P = z3.shape
     if len(tokens) != P:
         raise ValueError(f"{len(tokens)} token strings for {P} positions")
-    rows = list(heads) if heads is not None else [(l, h) for l in range(L) for h in range(H)]
+    rows = (parse_heads(heads, n_layers=L, n_heads=H) if heads is not None
+            else [(l, h) for l in range(L) for h in range(H)])
     a, b = window if window is not None else (0, P)
     pos = np.arange(a, b)
     z = np.stack([z3[l, h, a:b] for l, h in rows]) if rows else np.zeros((0, b - a))
@@ -572,7 +578,8 @@ def reads_vs_writes(
             ``[n_layers, n_heads, pos]`` pattern; then ``head`` selects the row).
         phi_row: ``phi`` of the head ``[pos]`` (or ``[n_layers, n_heads, pos]``).
         tokens: token strings of the key positions.
-        head: ``(layer, head)`` or a label such as ``"L3H1"``.
+        head: ``(layer, head)``, a label such as ``"L3H1"`` or ``"3-1"`` (see
+            :func:`locos_tl.head_spec.parse_head`).
         needle_span: ``(s, e)`` needle key positions, end exclusive.
         target: string of the answer token ``y_t`` (title).
         window: draw only positions ``[a, b)``.
@@ -583,13 +590,12 @@ def reads_vs_writes(
         Two stacked panels, each one ``Bar`` trace: attention (top) and phi (bottom).
 
     Raises:
-        ValueError: the rows and tokens have different lengths.
+        ValueError: the rows and tokens have different lengths; a malformed ``head`` or
+            one outside a 3-D input's layers x heads (``HeadSpecError``).
     """
-    if isinstance(head, str):
-        l_str, h_str = head.upper().lstrip("L").split("H")
-        head = (int(l_str), int(h_str))
-    l, h = head
     att, ph = _np(pattern_row), _np(phi_row)
+    dims = att.shape[:2] if att.ndim == 3 else ph.shape[:2] if ph.ndim == 3 else (None, None)
+    l, h = parse_head(head, n_layers=dims[0], n_heads=dims[1])
     att = att[l, h] if att.ndim == 3 else att
     ph = ph[l, h] if ph.ndim == 3 else ph
     if not (att.shape == ph.shape == (len(tokens),)):

@@ -16,6 +16,8 @@ from locos_tl.errors import LocosError
 
 RECORDS_FILE = "trials.jsonl"
 META_FILE = "meta.json"
+#: The setting that identifies a run's trials (:func:`locos_tl.trials.trial_set_hash`).
+TRIAL_SET_KEY = "trial_set_hash"
 
 
 class RecordStore:
@@ -24,11 +26,13 @@ class RecordStore:
     Args:
         out_dir: the run directory (created).
         settings: the run's settings; a directory holding records written under other
-            settings (``check_keys``) is refused rather than mixed.
+            settings (``check_keys``) or over another trial set (``trial_set_hash``,
+            always checked when both runs record it) is refused rather than mixed.
         check_keys: which settings must match for resuming.
 
     Raises:
-        LocosError: ``out_dir`` holds a run with different settings.
+        LocosError: ``out_dir`` holds a run with different settings or another trial
+            set (the message names both trial-set hashes and the way out).
     """
 
     def __init__(self, out_dir: str | Path, settings: dict[str, Any],
@@ -39,12 +43,22 @@ class RecordStore:
         meta_path = self.dir / META_FILE
         if meta_path.exists() and self.path.exists():
             old = json.loads(meta_path.read_text()).get("settings", {})
+            way_out = (f"a run directory holds one run: use a new --out directory, or "
+                       f"delete {self.dir} to start this one over")
+            new_hash = settings.get(TRIAL_SET_KEY)
+            if old.get(TRIAL_SET_KEY) is not None and new_hash is not None \
+                    and old[TRIAL_SET_KEY] != new_hash:
+                raise LocosError(
+                    f"{self.dir} holds a run over another trial set (trial-set hash "
+                    f"{old[TRIAL_SET_KEY]}, {old.get('n_trials', '?')} trials) than the "
+                    f"one given now (trial-set hash {new_hash}, "
+                    f"{settings.get('n_trials', '?')} trials); {way_out}"
+                )
             diff = [k for k in check_keys if k in old and old[k] != settings.get(k)]
             if diff:
                 detail = ", ".join(f"{k}: {old[k]!r} != {settings.get(k)!r}" for k in diff)
                 raise LocosError(
-                    f"{self.dir} holds a run with other settings ({detail}); "
-                    "use another --out directory"
+                    f"{self.dir} holds a run with other settings ({detail}); {way_out}"
                 )
         self.records: dict[str, dict[str, Any]] = {}
         if self.path.exists():

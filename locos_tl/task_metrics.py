@@ -8,7 +8,10 @@ Sources: NoLiMa (Modarressi et al. 2025, arXiv 2502.05167) ``contains`` metric (
 string occurs in the response, case-sensitive); ROUGE-L F-measure with stemming as in
 Gema, Alex & Minervini 2026 (arXiv 2607.01002, Sec. 4); MuSiQue (Trivedi et al. 2022)
 exact match and token F1 after SQuAD answer normalisation of the text inside an
-``<answer>`` tag; BABILong (Kuratov et al. 2024) substring match.
+``<answer>`` tag; BABILong (Kuratov et al. 2024) substring match; the specificity
+controls of arXiv 2607.01002 (Sec. 4, parametric-knowledge and 1-digit arithmetic
+questions) by exact match after lower-casing and stripping, as the authors' release
+scores them (docs/concepts.md, protocol table), with NoLiMa ``contains`` kept as an option.
 """
 
 from __future__ import annotations
@@ -82,6 +85,26 @@ def babilong_substring(response: str, golds: Sequence[str]) -> float:
     return float(any(g.strip().lower() in text for g in golds))
 
 
+def control_exact_match(response: str, golds: Sequence[str]) -> float:
+    """Exact match of the specificity controls: 1.0 when the response, lower-cased and
+    stripped of surrounding whitespace, equals a gold string treated the same way.
+
+    Source: the control metric ``P`` of the dissociation score (arXiv 2607.01002, Sec. 4;
+    the authors' release scores the parametric and arithmetic controls by exact match
+    after ``.lower().strip()``). Unlike NoLiMa ``contains``, ``"17"`` does not match
+    ``"7"``, and ``" Paris "`` matches ``"paris"``.
+
+    Args:
+        response: the generated answer text.
+        golds: accepted gold strings (answer and aliases).
+
+    Returns:
+        1.0 or 0.0.
+    """
+    text = response.lower().strip()
+    return float(any(text == g.lower().strip() for g in golds))
+
+
 def score_nolima(response: str, trial: Trial) -> dict[str, float]:
     """``rougeL`` (ROUGE-L F against ``trial.answer``, stemmer on) and NoLiMa ``contains``."""
     return {"rougeL": rougeL_f(response, trial.answer),
@@ -98,7 +121,26 @@ def score_babilong(response: str, trial: Trial) -> dict[str, float]:
     return {"substring": babilong_substring(response, gold_answers(trial))}
 
 
+def score_control(response: str, trial: Trial) -> dict[str, float]:
+    """Specificity-control metrics: ``exact_match`` (:func:`control_exact_match`, the
+    published control metric and the default ``P`` of
+    :func:`locos_tl.evaluate.dissociation_score`) and NoLiMa ``contains`` (case-sensitive
+    substring; the former default, kept as an option)."""
+    golds = gold_answers(trial)
+    return {"exact_match": control_exact_match(response, golds),
+            "contains": nolima_contains(response, golds)}
+
+
+#: The control metric of the published dissociation score (``score_control`` rows).
+DEFAULT_CONTROL_METRIC = "exact_match"
+#: Control metrics :func:`score_control` writes.
+CONTROL_METRICS = ("exact_match", "contains")
+#: The retrieval metric of the dissociation score per built-in scorer.
+RETRIEVAL_METRICS = {"nolima": "rougeL", "musique": "em", "babilong": "substring",
+                     "control": "exact_match"}
+
 SCORERS: dict[str, Scorer] = {
+    "control": score_control,
     "nolima": score_nolima,
     "musique": score_musique,
     "babilong": score_babilong,
@@ -106,7 +148,8 @@ SCORERS: dict[str, Scorer] = {
 
 
 def get_scorer(scorer: str | Scorer) -> Scorer:
-    """A scorer by name (``nolima``, ``musique``, ``babilong``) or the callable itself.
+    """A scorer by name (``nolima``, ``musique``, ``babilong``, ``control``) or the callable
+    itself.
 
     Raises:
         ValueError: unknown name.

@@ -66,8 +66,8 @@ def tiny_config(arch: str, vocab_size: int, **overrides: Any) -> Any:
     if arch == "qwen3":
         return transformers.Qwen3Config(tie_word_embeddings=False, **common)
     if arch == "gemma3":
-        return transformers.Gemma3TextConfig(sliding_window=512,
-                                             tie_word_embeddings=True, **common)
+        return transformers.Gemma3TextConfig(**{"sliding_window": 512, **common},
+                                             tie_word_embeddings=True)
     if arch == "olmo2":
         return transformers.Olmo2Config(tie_word_embeddings=False, **common)
     if arch == "llama":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -24,14 +25,26 @@ class Trial:
     Attributes:
         tokens: prompt token ids (no generated tokens), length ``N``.
         needle_span: ``(s, e)`` token indices of the scored needle span, end exclusive,
-            ``0 <= s < e <= N``. For NIAH probes this is the ``real_needle`` part.
+            ``0 <= s < e <= N`` and ``e - s < N`` (one off-needle position at least).
+            The whole needle sentence (for NIAH probes too, since the span-per-method
+            change; older NIAH trial files stored the ``real_needle`` part here, see
+            :meth:`from_dict`).
         answer: the gold answer string (e.g. a character name).
         prompt: the prompt text the tokens came from (``""`` when built from ids).
         meta: free metadata (grid cell, entry id, depth, ...); must be JSON-serialisable.
-        trial_id: a stable id; defaults to a hash of tokens, span and answer.
+        trial_id: a stable id; defaults to a hash of tokens, span(s) and answer.
+        answer_span: ``(a, b)`` token span of the answer part inside the needle (NIAH:
+            the tokens of ``real_needle``), or None when the trial has no separate
+            answer part (then :meth:`span` ``("answer")`` is the needle span).
+            Detectors read the span they declare (``Detector.span``): the Wu copy score
+            and HeadKV the answer span, LOCOS, attention-spatial, DLA and the HeadKV
+            anchor variant the needle span (docs/concepts.md, protocol table).
 
     Raises:
-        TrialError: on an empty answer, an empty prompt or a span outside the prompt.
+        TrialError: on an empty answer, an empty prompt, or a needle span that is
+            empty, outside the prompt or covering the whole prompt (no off-needle
+            position is left for the contrast of arXiv 2607.01002 Eq. 3); an answer
+            span that is empty or outside the prompt.
     """
 
     tokens: Sequence[int]  # stored as a tuple of ints
@@ -40,6 +53,7 @@ class Trial:
     prompt: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     trial_id: str = ""
+    answer_span: Sequence[int] | None = None  # stored as a (a, b) tuple or None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
@@ -52,7 +66,22 @@ class Trial:
         if not 0 <= s < e <= len(self.tokens):
             raise TrialError(
                 f"needle span [{s}, {e}) is not inside the prompt of {len(self.tokens)} tokens"
+                + (" (it is empty)" if e <= s else "")
             )
+        if e - s >= len(self.tokens):
+            raise TrialError(
+                f"needle span [{s}, {e}) covers the whole prompt of {len(self.tokens)} "
+                "tokens: LOCOS needs at least one off-needle position (Eq. 3 rescales "
+                "the off-needle mass by n / (N_t - n), undefined at the first step)"
+            )
+        if self.answer_span is not None:
+            a, b = (int(x) for x in self.answer_span)
+            object.__setattr__(self, "answer_span", (a, b))
+            if not 0 <= a < b <= len(self.tokens):
+                raise TrialError(
+                    f"answer span [{a}, {b}) is not inside the prompt of "
+                    f"{len(self.tokens)} tokens" + (" (it is empty)" if b <= a else "")
+                )
         if not self.trial_id:
             object.__setattr__(self, "trial_id", self.content_hash())
 
@@ -60,30 +89,76 @@ class Trial:
     def n_tokens(self) -> int:
         return len(self.tokens)
 
+    def span(self, which: str) -> tuple[int, int]:
+        """The token span ``(s, e)`` named ``which``.
+
+        Args:
+            which: ``"needle"`` (the whole needle, :attr:`needle_span`) or ``"answer"``
+                (:attr:`answer_span`; the needle span when the trial has none).
+
+        Raises:
+            ValueError: another name.
+        """
+        if which == "needle":
+            return self.needle_span  # type: ignore[return-value]
+        if which == "answer":
+            return (self.answer_span or self.needle_span)  # type: ignore[return-value]
+        raise ValueError(f"unknown span {which!r}; use 'needle' or 'answer'")
+
     def content_hash(self) -> str:
-        """Short SHA-256 of tokens, span and answer (identifies a trial across runs)."""
+        """Short SHA-256 of tokens, span(s) and answer (identifies a trial across runs).
+
+        The answer span enters only when it differs from the needle span, so trials
+        without one (and legacy NIAH trials, see :meth:`from_dict`) keep their ids."""
         h = hashlib.sha256()
-        h.update(json.dumps([list(self.tokens), list(self.needle_span), self.answer]).encode())
+        parts: list[Any] = [list(self.tokens), list(self.needle_span), self.answer]
+        if self.answer_span is not None and tuple(self.answer_span) != tuple(self.needle_span):
+            parts.append(list(self.answer_span))
+        h.update(json.dumps(parts).encode())
         return h.hexdigest()[:16]
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["tokens"] = list(self.tokens)
         d["needle_span"] = list(self.needle_span)
+        d["answer_span"] = None if self.answer_span is None else list(self.answer_span)
         return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Trial:
+        """Rebuild a trial from :meth:`to_dict` output.
+
+        Files written before trials carried an answer span load unchanged. A legacy
+        NIAH record (``meta.task == "niah"``, no ``answer_span`` key) stored the
+        ``real_needle`` tokens as its needle span: that span becomes the answer span
+        too, and a ``UserWarning`` says that LOCOS, attention-spatial and DLA then read
+        the ``real_needle`` part instead of the whole needle (rebuild the trials with
+        ``locos build-trials niah`` for the published spans).
+
+        Raises:
+            TrialError: a required field is missing or a span is invalid.
+        """
         missing = [k for k in ("tokens", "needle_span", "answer") if k not in d]
         if missing:
             raise TrialError(f"trial record lacks field(s) {missing}")
+        meta = dict(d.get("meta", {}))
+        answer_span = d.get("answer_span")
+        if "answer_span" not in d and meta.get("task") == "niah":
+            warnings.warn(
+                "NIAH trial written before per-method spans: its needle span is the "
+                "real_needle part, so every method reads that span (the authors score "
+                "LOCOS, attention-spatial and DLA on the whole needle); rebuild the "
+                "trials with `locos build-trials niah` for the published spans",
+                UserWarning, stacklevel=2)
+            answer_span = d["needle_span"]
         return cls(
             tokens=tuple(d["tokens"]),
             needle_span=tuple(d["needle_span"]),  # type: ignore[arg-type]
             answer=d["answer"],
             prompt=d.get("prompt", ""),
-            meta=dict(d.get("meta", {})),
+            meta=meta,
             trial_id=d.get("trial_id", ""),
+            answer_span=None if answer_span is None else tuple(answer_span),
         )
 
     @classmethod
@@ -100,9 +175,14 @@ class Trial:
     ) -> Trial:
         """Tokenize ``prompt`` and find the token span of ``needle`` inside it.
 
-        The span is found from the tokenizer's character offsets: the needle's first
-        occurrence in ``prompt`` must start and end on token boundaries (a leading or
-        trailing space that a token absorbs is allowed).
+        The prompt is tokenized by :func:`locos_tl.tokenize.encode_prompt`: the
+        checkpoint's own tokenizer, BOS exactly once and only at position 0 (none for
+        checkpoints whose tokenizer adds none; no second one when ``prompt`` was
+        rendered with a chat template that writes it). A bridge's tokenizer and the
+        checkpoint directory's give the same tokens and span. The span is found from
+        the character offsets: the needle's first occurrence in ``prompt`` must start
+        and end on token boundaries (a leading or trailing space that a token absorbs
+        is allowed).
 
         Args:
             tokenizer: a Hugging Face fast tokenizer (``return_offsets_mapping``) or a
@@ -112,14 +192,16 @@ class Trial:
             answer: gold answer string.
             n_ctx: the model's context length; longer prompts are rejected.
             meta: free metadata.
-            add_special_tokens: let the tokenizer add BOS etc.
+            add_special_tokens: apply the checkpoint's BOS rule (default); ``False``
+                adds no special token (``encode_prompt(..., bos="none")``).
 
         Raises:
             TrialError: needle absent from the prompt; needle not aligned to whole tokens
                 (the message names the characters); empty answer; prompt longer than
-                ``n_ctx``.
+                ``n_ctx``; a BOS inside the prompt after position 0.
         """
-        tokenizer = getattr(tokenizer, "tokenizer", None) or tokenizer
+        from locos_tl.tokenize import encode_prompt
+
         if not answer or not answer.strip():
             raise TrialError("empty gold answer")
         if not needle or not needle.strip():
@@ -128,9 +210,8 @@ class Trial:
         if start < 0:
             raise TrialError(f"needle {needle[:60]!r} not found in the prompt text")
         end = start + len(needle)
-        enc = tokenizer(prompt, return_offsets_mapping=True, add_special_tokens=add_special_tokens)
-        ids = list(enc["input_ids"])
-        offsets = [tuple(o) for o in enc["offset_mapping"]]
+        ids, offsets = encode_prompt(tokenizer, prompt,
+                                     bos="checkpoint" if add_special_tokens else "none")
         if n_ctx is not None and len(ids) > n_ctx:
             raise TrialError(
                 f"prompt has {len(ids)} tokens, longer than the model's context n_ctx={n_ctx}"
@@ -186,12 +267,18 @@ def load_trials(
     """Read trials from JSON lines.
 
     Each line is either a full trial record (``tokens``, ``needle_span``, ``answer``)
-    or a text record (``prompt``, ``needle``, ``answer``), which needs ``tokenizer``.
+    or a text record (``prompt``, ``needle``, ``answer``), which needs ``tokenizer``
+    and is tokenized by :meth:`Trial.from_text` (the checkpoint's BOS rule of
+    :func:`locos_tl.tokenize.encode_prompt`: a prompt already rendered with a chat
+    template that writes the BOS gets no second one).
 
     Raises:
-        TrialError: malformed line (names the line number), or a text record without a
-            tokenizer.
+        TrialError: malformed line (names the line number), a text record without a
+            tokenizer, or (with a tokenizer) a token record holding the checkpoint's BOS
+            after position 0.
     """
+    from locos_tl.tokenize import check_no_bos
+
     path = Path(path)
     if not path.exists():
         raise TrialError(f"trials file {path} does not exist")
@@ -210,6 +297,8 @@ def load_trials(
                     raise TrialError(
                         f"prompt has {t.n_tokens} tokens, longer than n_ctx={n_ctx}"
                     )
+                if tokenizer is not None:
+                    check_no_bos(tokenizer, t.tokens)
             else:
                 missing = [k for k in ("prompt", "needle", "answer") if k not in d]
                 if missing:

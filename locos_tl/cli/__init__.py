@@ -1,14 +1,38 @@
-"""The ``locos`` command line (typer). Each sub-module registers its commands on ``app``."""
+"""The ``locos`` command line (typer). Each sub-module registers its commands on ``app``.
+
+Start-up stays light: the sub-modules import only typer and the standard library at
+module level; torch, TransformerLens, transformers, pandas and plotly are imported
+inside the command functions, so ``locos --help`` answers without loading them.
+"""
 
 from __future__ import annotations
 
+import click
 import typer
+from typer.core import TyperGroup
+
+# `locos --help` lists the commands in the order of the workflow, not of registration
+WORKFLOW_ORDER = ("build-trials", "score", "ablate", "patch", "calibrate", "demo",
+                  "train-organism")
+
+
+class _WorkflowGroup(TyperGroup):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        names = list(self.commands)
+        rank = {n: i for i, n in enumerate(WORKFLOW_ORDER)}
+        return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
+
 
 app = typer.Typer(
     name="locos",
+    cls=_WorkflowGroup,
     help="LOCOS retrieval-head detection on TransformerLens models (arXiv 2607.01002).",
     no_args_is_help=True,
     add_completion=False,
+    # plain click help: option names and defaults are wrapped, never cut, at 80 columns
+    rich_markup_mode=None,
+    pretty_exceptions_show_locals=False,
+    context_settings={"max_content_width": 100},
 )
 
 # Sub-modules register commands on `app` when imported (one module per command group).

@@ -8,17 +8,21 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args
 
 import typer
 
 from locos_tl.cli import app
+from locos_tl.cli._common import (
+    check_choice,
+    check_dtype,
+    fail,
+    note_resume,
+    resumable,
+    stored_records,
+    write_figure,
+)
 from locos_tl.errors import LocosError
-
-
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code=2)
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -58,34 +62,51 @@ def read_prompts(path: Path) -> list[str]:
 
 
 def load_head_sets(dirs: list[str]) -> dict[str, Any]:
-    """``--heads`` values (``DIR`` or ``NAME=DIR``) -> ``{name: HeadScores}``.
+    """``--heads`` values -> ``{name: HeadScores or ranked head list}``.
 
-    The name is the run's method (``head_scores.json``), else the directory name (a
-    reference ``heads.json``); repeated names get the directory name appended.
+    A value is ``DIR`` or ``NAME=DIR`` (a run directory), or ``NAME=HEADS``: a ranked,
+    comma-separated head list such as ``L14H3,20-1`` (parsed by
+    :func:`locos_tl.head_spec.parse_head_list`; used when no such directory exists). The
+    name of a directory is the run's method (``head_scores.json``), else the directory
+    name (a reference ``heads.json``); repeated names get the directory name appended.
+
+    Raises:
+        LocosError: neither an existing directory nor a well-formed head list.
+        FileNotFoundError: a directory without head scores.
     """
-    from locos_tl.heads import HeadScores
+    from locos_tl.head_spec import HeadSpecError, parse_head_list
+    from locos_tl.rundir import load_head_scores
 
     out: dict[str, Any] = {}
     for spec in dirs:
         name, _, d = spec.rpartition("=") if "=" in spec else ("", "", spec)
         path = Path(d)
-        hs = HeadScores.load(path)
+        if not path.exists() and "/" not in d and "\\" not in d:
+            try:
+                out[name or d] = parse_head_list(d, what=f"--heads {spec!r}")
+            except HeadSpecError as exc:
+                raise LocosError(f"--heads {spec!r} is no directory and no head list: {exc}; "
+                                 "give a score directory, NAME=DIR, or NAME=L14H3,20-1") from None
+            continue
+        hs = load_head_scores(path)  # a run (one method or several), a method folder, ...
         if not name:
-            name = hs.method if (path / "head_scores.json").exists() else path.name
+            reference = (path / "heads.json").exists() and not (path / "head_scores.json").exists()
+            name = path.name if reference else hs.method
             if name in out:
                 name = f"{name}:{path.name}"
         out[name] = hs
     return out
 
 
-@app.command()
+@app.command(short_help="Mean query and output of every head, for mean ablation.")
 def calibrate(
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
     prompts: Annotated[Path, typer.Option(help="Raw text: JSON lines with 'text', or one "
-                                               "prompt per line.")],
+                                               "prompt per line.", exists=True,
+                                          dir_okay=False)],
     out: Annotated[Path, typer.Option(help="Output .safetensors file.")],
-    n: Annotated[int, typer.Option(help="Use the first n prompts (paper: 50).")] = 50,
-    max_tokens: Annotated[int, typer.Option(help="Tokens kept per prompt.")] = 5000,
+    n: Annotated[int, typer.Option(help="Use the first n prompts (paper: 50).", min=1)] = 50,
+    max_tokens: Annotated[int, typer.Option(help="Tokens kept per prompt.", min=1)] = 5000,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
 ) -> None:
@@ -93,68 +114,110 @@ def calibrate(
     from locos_tl.ablation import calibrate_means
     from locos_tl.models import load_model
 
+    check_dtype(dtype)
     try:
+        texts = read_prompts(prompts)[:n]  # before the model loads
         bridge = load_model(model, device=device, dtype=dtype)
-        means = calibrate_means(bridge, read_prompts(prompts)[:n], max_tokens=max_tokens,
-                                progress=True)
+        means = calibrate_means(bridge, texts, max_tokens=max_tokens, progress=True)
     except (LocosError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     means.save(out)
     typer.echo(f"wrote {out} ({means.n_prompts} prompts, {means.n_tokens} tokens)")
 
 
-@app.command()
+@app.command(short_help="Ablate each ranking's top-k heads; score the answers.")
 def ablate(
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
     heads: Annotated[list[str], typer.Option(help="Head-score directory (`locos score` "
                                                   "output or a heads.json dir); NAME=DIR "
-                                                  "to name it. Repeatable.")],
-    trials: Annotated[Path, typer.Option(help="Trials file (JSON lines).")],
+                                                  "to name it, or NAME=L14H3,20-1 for a "
+                                                  "ranked head list. Repeatable.")],
+    trials: Annotated[Path, typer.Option(help="Trials file (JSON lines).", exists=True,
+                                         dir_okay=False)],
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
-    k: Annotated[str, typer.Option(help="Comma-separated head counts.")] = "1,5,10,20,50,100",
+    k: Annotated[str | None, typer.Option(
+        help="Comma-separated head counts, each 1..n_layers*n_heads (default: "
+             "1,5,10,20,50,100 up to the model's head count).")] = None,
     mode: Annotated[str, typer.Option(help="query_mean (paper), query_zero, output_mean, "
                                            "output_zero.")] = "query_mean",
-    means: Annotated[Path | None, typer.Option(help="Means from `locos calibrate`.")] = None,
+    means: Annotated[Path | None, typer.Option(help="Means from `locos calibrate`.",
+                                               exists=True, dir_okay=False)] = None,
     calibration: Annotated[Path | None, typer.Option(
-        help="Calibration text to compute means from (else the trials' prompts).")] = None,
+        help="Calibration text to compute means from (else the trials' prompts).",
+        exists=True, dir_okay=False)] = None,
     seeds: Annotated[str, typer.Option(help="Random-heads seeds.")] = "0,1,2",
     random: Annotated[bool, typer.Option(help="Random-heads control.")] = True,
     bottom: Annotated[str, typer.Option(help="Bottom-k control source: auto, none or a "
                                              "head-set name.")] = "auto",
     scorer: Annotated[str, typer.Option(help="nolima, musique or babilong.")] = "nolima",
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.")] = 100,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 100,
     stop_at_newline: Annotated[bool, typer.Option(help="Stop at a newline.")] = True,
+    stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
+                                                "bare newline token stops) or "
+                                                "contains_newline.")] = "newline_token",
+    thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
+                                                "the stop rule and the metric.")] = True,
+    control: Annotated[Path | None, typer.Option(
+        help="Specificity-control trials (`locos build-trials parametric|arithmetic|"
+             "organism-echo`): run the same ablations on them and write DS(k) "
+             "(dissociation.csv, meta.json).", exists=True, dir_okay=False)] = None,
+    control_metric: Annotated[str, typer.Option(
+        help="Control metric P: exact_match (paper's release: lower-cased, stripped) or "
+             "contains (NoLiMa's case-sensitive substring).")] = "exact_match",
+    retrieval_metric: Annotated[str | None, typer.Option(
+        help="Retrieval metric R of DS(k) (default: rougeL for nolima, em for musique, "
+             "substring for babilong).")] = None,
+    control_max_new_tokens: Annotated[int | None, typer.Option(
+        help="Decoding budget of the control trials (default: --max-new-tokens; 1 for "
+             "the organism's echo control).", min=1)] = None,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
     workers: Annotated[int, typer.Option(help="Ray workers for the generations, one GPU "
                                               "each when there are GPUs; > 1 needs "
-                                              "pip install \"locos_tl\\[ray]\".")] = 1,
+                                              "pip install \"locos_tl[ray]\".", min=1)] = 1,
     ray_address: Annotated[str | None, typer.Option(help="Running Ray cluster; default: a "
                                                          "local cluster for the run.")] = None,
 ) -> None:
     """Ablate each ranking's top-k heads and score the answers (docs/concepts.md)."""
-    from locos_tl.ablation import AblationMeans, calibrate_means
+    from locos_tl.ablation import ABLATION_MODES, AblationMeans, calibrate_means
+    from locos_tl.decode import STOP_RULES
     from locos_tl.evaluate import evaluate, summarize
     from locos_tl.models import load_model
     from locos_tl.plot import ablation_curves
+    from locos_tl.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
     from locos_tl.trials import load_trials
 
+    # every option and input file is checked before the model loads
+    check_choice(mode, ABLATION_MODES, "--mode")
+    check_choice(stop_rule, STOP_RULES, "--stop-rule")
+    check_choice(scorer, sorted(SCORERS), "--scorer")
+    check_choice(control_metric, list(CONTROL_METRICS), "--control-metric")
+    r_metric = retrieval_metric or RETRIEVAL_METRICS.get(scorer, "rougeL")
+    check_dtype(dtype)
+    k_values = None if k is None else parse_ints(k, "--k")
+    seed_values = parse_ints(seeds, "--seeds")
     try:
         if workers > 1 or ray_address is not None:
             from locos_tl.distributed import require_ray
 
             require_ray()  # fail before loading anything
+        head_sets = load_head_sets(heads)
+        if bottom not in ("auto", "none"):  # a head-score entry, not a head list
+            check_choice(bottom, ["auto", "none", *(n for n, v in head_sets.items()
+                                                    if hasattr(v, "scores"))], "--bottom")
+        mean_table = None
+        if mode.endswith("_mean") and means is not None:
+            mean_table = AblationMeans.load(means)
+        calib_texts = read_prompts(calibration)[:50] if calibration is not None else None
         bridge = load_model(model, device=device, dtype=dtype)
         trial_list = load_trials(trials, bridge.tokenizer,
                                  n_ctx=getattr(bridge.cfg, "n_ctx", None))
-        head_sets = load_head_sets(heads)
-        mean_table = None
-        if mode.endswith("_mean"):
-            if means is not None:
-                mean_table = AblationMeans.load(means)
-            else:
-                if calibration is not None:
-                    texts: list[Any] = read_prompts(calibration)[:50]
+        control_list = None if control is None else load_trials(
+            control, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
+        with resumable(out):
+            if mode.endswith("_mean") and mean_table is None:
+                if calib_texts is not None:
+                    texts: list[Any] = list(calib_texts)
                 else:
                     typer.secho("no --means/--calibration: calibrating on the trials' "
                                 "prompts", fg=typer.colors.YELLOW, err=True)
@@ -162,24 +225,85 @@ def ablate(
                 mean_table = calibrate_means(bridge, texts, progress=True)
                 out.mkdir(parents=True, exist_ok=True)
                 mean_table.save(out / "means.safetensors")
-        df = evaluate(bridge, trial_list, head_sets, k=parse_ints(k, "--k"), mode=mode,
-                      means=mean_table, seeds=parse_ints(seeds, "--seeds"), random=random,
-                      bottom=None if bottom == "none" else bottom, scorer=scorer,
-                      out_dir=out, max_new_tokens=max_new_tokens,
-                      stop_at_newline=stop_at_newline, workers=workers,
-                      ray_address=ray_address)
+            note_resume(out, len(stored_records(out)), what="generations")
+            df = evaluate(bridge, trial_list, head_sets, k=k_values, mode=mode,
+                          means=mean_table, seeds=seed_values, random=random,
+                          bottom=None if bottom == "none" else bottom, scorer=scorer,
+                          out_dir=out, max_new_tokens=max_new_tokens,
+                          stop_at_newline=stop_at_newline, stop_rule=stop_rule,
+                          thinking=thinking, workers=workers,
+                          ray_address=ray_address)
+            ds = None
+            if control_list is not None:
+                df_control = evaluate(
+                    bridge, control_list, head_sets, k=k_values, mode=mode, means=mean_table,
+                    seeds=seed_values, random=random,
+                    bottom=None if bottom == "none" else bottom, scorer="control",
+                    out_dir=out / "control",
+                    max_new_tokens=control_max_new_tokens or max_new_tokens,
+                    stop_at_newline=stop_at_newline, stop_rule=stop_rule, thinking=thinking,
+                    workers=workers, ray_address=ray_address)
+                ds = write_dissociation(out, df, df_control, control=control,
+                                        retrieval_metric=r_metric,
+                                        control_metric=control_metric)
     except (LocosError, ValueError, FileNotFoundError) as exc:
-        _fail(exc)
-    ablation_curves(df, title=f"Ablation ({mode}) of the top-k heads").write_html(
-        out / "ablation.html", include_plotlyjs=True)
+        fail(exc)
+    write_figure(ablation_curves(df, title=f"Ablation ({mode}) of the top-k heads"),
+                 out / "ablation.html")
     typer.echo("\n" + summarize(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    typer.echo(f"\nwrote {out}/ (evaluation.csv, meta.json, trials.jsonl, ablation.html)")
+    written = "evaluation.csv, meta.json, trials.jsonl, ablation.html"
+    if ds is not None:
+        from locos_tl.plot import dissociation
+
+        write_figure(dissociation(ds, title=f"DS(k): {r_metric} drop minus control "
+                                            f"{control_metric} drop"),
+                     out / "dissociation.html")
+        typer.echo(f"\nDS(k) = (R0 - R(k))/R0 - (P0 - P(k))/P0  (R: {r_metric}, P: control "
+                   f"{control_metric})\n"
+                   + ds.to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+        written += ", control/, dissociation.csv, dissociation.html"
+    typer.echo(f"\nwrote {out}/ ({written})")
 
 
-@app.command()
+def write_dissociation(out: Path, df: Any, df_control: Any, *, control: Path,
+                       retrieval_metric: str, control_metric: str) -> Any:
+    """Write ``dissociation.csv`` and a ``dissociation`` block into ``out/meta.json``.
+
+    ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (arXiv 2607.01002, Sec. 4; see
+    :func:`locos_tl.evaluate.dissociation_score`); the control's own run (generations,
+    ``evaluation.csv``, ``meta.json``) is ``out/control/``.
+
+    Returns:
+        The DS table (``method, k, R0, R, P0, P, ds``).
+
+    Raises:
+        ValueError: a metric missing from the retrieval or control rows.
+    """
+    from locos_tl.evaluate import dissociation_score
+
+    ds = dissociation_score(df, df_control, retrieval_metric=retrieval_metric,
+                            control_metric=control_metric)
+    ds.to_csv(out / "dissociation.csv", index=False)
+    meta_path = out / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.exists() else {}
+    meta["dissociation"] = {
+        "formula": "DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0",
+        "control_trials": str(control), "control_run": "control/",
+        "retrieval_metric": retrieval_metric, "control_metric": control_metric,
+        "R0": float(ds["R0"].iloc[0]) if len(ds) else None,
+        "P0": float(ds["P0"].iloc[0]) if len(ds) else None,
+        "rows": [{"method": r.method, "k": int(r.k), "R": float(r.R), "P": float(r.P),
+                  "ds": None if r.ds != r.ds else float(r.ds)} for r in ds.itertuples()],
+    }
+    meta_path.write_text(json.dumps(meta, indent=2, default=str))
+    return ds
+
+
+@app.command(short_help="Causal retrieval importance (CRI) by activation patching.")
 def patch(
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
-    trials: Annotated[Path, typer.Option(help="Trials file (JSON lines).")],
+    trials: Annotated[Path, typer.Option(help="Trials file (JSON lines).", exists=True,
+                                         dir_okay=False)],
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
     corruption: Annotated[str, typer.Option(help="filler (default) or name_swap.")] = "filler",
     batch_size: Annotated[int | None, typer.Option(
@@ -187,22 +311,27 @@ def patch(
     chunk_size: Annotated[int, typer.Option(help="Query positions per forward.")] = 1024,
     answer_position: Annotated[str, typer.Option(help="generated or prompt_end.")] = "generated",
     locos: Annotated[Path | None, typer.Option(help="LOCOS run directory to compare with "
-                                                    "(default: scored here).")] = None,
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy budget.")] = 50,
+                                                    "(default: scored here).", exists=True,
+                                               file_okay=False)] = None,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy budget.", min=1)] = 50,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
 ) -> None:
     """Causal retrieval importance (CRI) of every head by activation patching."""
     from locos_tl.compare import compare_rankings
-    from locos_tl.heads import HeadScores
     from locos_tl.models import load_model
-    from locos_tl.patching import patch_heads
+    from locos_tl.patching import CORRUPTIONS, AnswerPosition, patch_heads
     from locos_tl.plot import rank_scatter
+    from locos_tl.rundir import load_head_scores
     from locos_tl.score import score_trials
     from locos_tl.trials import load_trials
 
+    # every option and input file is checked before the model loads
+    check_choice(corruption, CORRUPTIONS, "--corruption")
+    check_choice(answer_position, get_args(AnswerPosition), "--answer-position")
+    check_dtype(dtype)
     try:
-        ref = HeadScores.load(locos) if locos is not None else None  # fail before patching
+        ref = load_head_scores(locos) if locos is not None else None  # fail before patching
         bridge = load_model(model, device=device, dtype=dtype)
         shape = (int(bridge.cfg.n_layers), int(bridge.cfg.n_heads))
         if ref is not None and (ref.n_layers, ref.n_heads) != shape:
@@ -210,21 +339,24 @@ def patch(
                              f"{ref.n_heads} heads; the model has {shape[0]} x {shape[1]}")
         trial_list = load_trials(trials, bridge.tokenizer,
                                  n_ctx=getattr(bridge.cfg, "n_ctx", None))
-        cri = patch_heads(bridge, trial_list, corruption=corruption,  # type: ignore[arg-type]
-                          batch_size=batch_size, chunk_size=chunk_size,
-                          answer_position=answer_position,  # type: ignore[arg-type]
-                          max_new_tokens=max_new_tokens, out_dir=out)
-        if ref is None:
-            ref = score_trials(bridge, trial_list, method="locos", out_dir=out / "locos",
-                               max_new_tokens=max_new_tokens)
-            ref.save(out / "locos")
+        ids = {t.trial_id for t in trial_list}
+        note_resume(out, len(ids & set(stored_records(out))), len(trial_list))
+        with resumable(out):
+            cri = patch_heads(bridge, trial_list, corruption=corruption,  # type: ignore[arg-type]
+                              batch_size=batch_size, chunk_size=chunk_size,
+                              answer_position=answer_position,  # type: ignore[arg-type]
+                              max_new_tokens=max_new_tokens, out_dir=out)
+            cri.check_rankable()  # no usable trial: say so instead of ranking NaNs
+            if ref is None:
+                ref = score_trials(bridge, trial_list, method="locos", out_dir=out / "locos",
+                                   max_new_tokens=max_new_tokens)
+                ref.save(out / "locos")
     except (LocosError, ValueError, FileNotFoundError) as exc:
-        _fail(exc)
+        fail(exc)
     cri.save(out)
     table = compare_rankings(cri, ref)
     table.to_csv(out / "comparison.csv", index=False)
-    rank_scatter(ref, cri, names=(ref.method, "cri")).write_html(out / "cri_vs_locos.html",
-                                                                 include_plotlyjs=True)
+    write_figure(rank_scatter(ref, cri, names=(ref.method, "cri")), out / "cri_vs_locos.html")
     typer.echo(f"\nCRI (logits), top 10 heads of {cri.n_trials} accepted trials:")
     typer.echo(cri.to_frame().head(10)[["label", "score", "ci_low", "ci_high"]].to_string(
         index=False, float_format=lambda x: f"{x:.4f}"))

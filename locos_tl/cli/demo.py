@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 
 from locos_tl.cli import app
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 ROLES = {"nonliteral_writer": "non-literal writer", "literal_copy": "literal copy",
          "prev_token": "previous-token mover"}
@@ -34,16 +36,53 @@ def _roles(model_dir: Path) -> dict[tuple[int, int], str]:
 
 def ranking_table(results: dict[str, Any], roles: dict[tuple[int, int], str],
                   k: int = 5) -> pd.DataFrame:
-    """Top-``k`` heads of each method side by side, with the ground-truth role."""
+    """Top-``k`` heads of each method side by side, with the ground-truth role.
+
+    A head whose score is exactly 0 did not score (ties at 0 would only list heads in
+    index order): its row shows ``-`` and no score.
+    """
+    import pandas as pd
+
+    from locos_tl.errors import LocosError
+
     cols: dict[str, list[Any]] = {"rank": list(range(1, k + 1))}
     for method, hs in results.items():
-        top = hs.top_k(k)
-        cols[f"{method} head"] = [f"L{l}H{h}" for l, h in top]
-        cols[f"{method} score"] = [round(float(hs.scores[l, h]), 3) for l, h in top]
-        # a role is shown only where the method actually found the head (score > 0)
-        cols[f"{method} role"] = [roles.get((l, h), "-") if hs.scores[l, h] > 0 else "-"
-                                  for l, h in top]
+        try:
+            top = hs.top_k(k)
+        except LocosError:  # no accepted trial: nothing to rank
+            top = []
+        head, score, role = [], [], []
+        for i in range(k):
+            v = float(hs.scores[top[i]]) if i < len(top) else 0.0
+            if v != 0 and v == v:  # scored (not 0, not NaN)
+                head.append(f"L{top[i][0]}H{top[i][1]}")
+                score.append(round(v, 3))
+                # a role is shown only where the method actually found the head
+                role.append(roles.get(top[i], "-") if v > 0 else "-")
+            else:
+                head.append("-")
+                score.append(float("nan"))
+                role.append("-")
+        cols[f"{method} head"], cols[f"{method} score"], cols[f"{method} role"] = (
+            head, score, role)
     return pd.DataFrame(cols)
+
+
+def files_summary(out: Path, runs: list[str]) -> str:
+    """Which files the demo wrote where, read back from ``out`` (never out of date)."""
+
+    def files(d: Path) -> str:
+        return ", ".join(sorted(p.name for p in d.iterdir() if p.is_file()))
+
+    parts = [f"wrote {out}/: {files(out)}"]
+    if runs:
+        first = out / runs[0]
+        parts.append(f"per run ({', '.join(f'{r}/' for r in runs)}): {files(first)}")
+        methods = sorted(p.name for p in first.iterdir() if p.is_dir())
+        if methods:
+            parts.append(f"per run and method ({', '.join(f'<run>/{m}/' for m in methods)}): "
+                         f"{files(first / methods[0])}")
+    return ";\n".join(parts)
 
 
 def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
@@ -54,7 +93,9 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
     Raises:
         ModelLoadError: the organism directory is missing.
     """
-    from locos_tl.cli.score import write_outputs
+    import pandas as pd
+
+    from locos_tl.cli.score import no_head_scored, write_outputs
     from locos_tl.models import load_model
     from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
     from locos_tl.score import score_trials
@@ -77,20 +118,24 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
             trials = make_trials(task, n_trials, list(lengths), book=src)
             res = score_trials(model, trials, methods=["locos", "wu"], max_new_tokens=8,
                                out_dir=out / name, progress=progress)
-            write_outputs(res, out / name)
+            write_outputs(res, out / name, js_dir=out)  # one plotly.min.js for all runs
             summary[name] = res
             meta = res["locos"].meta
             acc = meta["n_accepted"] / max(meta["n_trials"], 1)
             typer.echo(f"\n== {name}: {meta['n_accepted']}/{meta['n_trials']} trials answered "
                        f"correctly (accuracy {acc:.2f}); top heads by LOCOS vs Wu copy score")
             table = ranking_table(res, roles)
-            typer.echo(table.to_string(index=False))
+            typer.echo(table.to_string(index=False, na_rep=""))
+            for method, hs in res.items():
+                if no_head_scored(hs):
+                    typer.echo(f"{method}: no head scored (every score is 0 over "
+                               f"{hs.n_trials} accepted trials)")
             rows.append(table.assign(run=name))
     pd.concat(rows).to_csv(out / "rankings.csv", index=False)
     return summary
 
 
-@app.command()
+@app.command(short_help="Score the shipped model organism; compare with its truth.")
 def demo(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/demo"),
     model: Annotated[str | None, typer.Option(help="Organism directory (default: the "
@@ -106,13 +151,13 @@ def demo(
 
     t0 = time.perf_counter()
     try:
-        run_demo(out, model_dir=model, n_trials=n_trials, book=book)
+        summary = run_demo(out, model_dir=model, n_trials=n_trials, book=book)
     except (LocosError, FileNotFoundError) as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(code=2) from exc
     typer.echo(
         f"\nLOCOS finds the non-literal writers (they attend to the landmark and write the "
         f"name) that the Wu copy score, which needs the attended token to be the output, "
-        f"cannot see.\nwrote {out}/ (per run: scores.csv, heads.json, trials.jsonl, "
-        f"meta.json, heatmap.html; rankings.csv) in {time.perf_counter() - t0:.0f} s"
+        f"cannot see.\n{files_summary(out, list(summary))}\n"
+        f"({time.perf_counter() - t0:.0f} s)"
     )

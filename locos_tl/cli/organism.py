@@ -10,7 +10,8 @@ import typer
 from locos_tl.cli import app
 
 
-@app.command("train-organism")
+@app.command("train-organism",
+             short_help="Train (or compile) the model organism deterministically.")
 def train_organism(
     out: Annotated[Path | None, typer.Option(help="output directory (default: shipped)")] = None,
     seed: Annotated[int | None, typer.Option(help="master seed (default: shipped)")] = None,

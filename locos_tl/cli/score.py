@@ -3,40 +3,48 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
-import pandas as pd
 import typer
 
 from locos_tl.cli import app
+from locos_tl.cli._common import (
+    check_choice,
+    check_dtype,
+    check_methods,
+    fail,
+    finished_trials,
+    note_resume,
+    resumable,
+    write_figure,
+)
 from locos_tl.errors import LocosError
-from locos_tl.heads import HeadScores
+
+if TYPE_CHECKING:
+    from locos_tl.heads import HeadScores
 
 
 def write_outputs(
-    result: HeadScores | dict[str, HeadScores], out_dir: str | Path
+    result: HeadScores | dict[str, HeadScores], out_dir: str | Path,
+    js_dir: str | Path | None = None,
 ) -> dict[str, Path]:
     """Write ``scores.csv``, ``heads.json``, ``head_scores.json`` and ``heatmap.html``.
 
-    With one method the files go straight into ``out_dir``; with several, each method
-    gets ``out_dir/<method>/`` and ``out_dir/scores.csv`` holds all of them (tidy).
-    ``trials.jsonl`` and ``meta.json`` are written by the scorer itself.
+    One layout for one method or several (:mod:`locos_tl.rundir`): each method gets
+    ``out_dir/<method>/`` and ``out_dir/scores.csv`` holds all of them (tidy); folders
+    of methods not in ``result`` are removed.
+    ``trials.jsonl`` and ``meta.json`` are written by the scorer itself. The figures load
+    one ``plotly.min.js`` written into ``js_dir`` (default: ``out_dir``).
     """
     from locos_tl.plot import head_heatmap
+    from locos_tl.rundir import write_method_dirs
 
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     results = result if isinstance(result, dict) else {result.method: result}
-    single = len(results) == 1
-    paths: dict[str, Path] = {}
+    paths = write_method_dirs(results, out)
     for method, hs in results.items():
-        d = out if single else out / method
-        hs.save(d)
-        head_heatmap(hs).write_html(d / "heatmap.html", include_plotlyjs=True)
-        paths[method] = d
-    if not single:
-        pd.concat([hs.to_frame() for hs in results.values()]).to_csv(out / "scores.csv",
-                                                                       index=False)
+        d = paths[method]
+        write_figure(head_heatmap(hs), d / "heatmap.html", js_dir=js_dir or out)
     return paths
 
 
@@ -49,10 +57,23 @@ def print_top(result: HeadScores | dict[str, HeadScores], k: int = 10) -> None:
                         f"{hs.meta.get('n_trials', 0)} passed the ROUGE-1 gate or had an "
                         "answer step): every score is NaN", err=True, fg=typer.colors.YELLOW)
             continue
+        if no_head_scored(hs):
+            typer.echo(f"\n{method}: no head scored (every score is 0 over "
+                       f"{hs.n_trials} accepted trials): no ranking to show")
+            continue
         df = hs.to_frame().head(k)[["label", "score", "ci_low", "ci_high", "n_trials"]]
         typer.echo(f"\n{method}: top {k} heads ({hs.meta.get('n_accepted', hs.n_trials)} of "
                    f"{hs.meta.get('n_trials', hs.n_trials)} trials accepted)")
         typer.echo(df.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
+
+
+def no_head_scored(hs: HeadScores) -> bool:
+    """True when every finite score is exactly 0 (e.g. the Wu copy score when no answer
+    token was copied): a ranking would only list heads in index order."""
+    import torch
+
+    finite = hs.scores[torch.isfinite(hs.scores)]
+    return bool(finite.numel()) and bool((finite == 0).all())
 
 
 def _parse_device_map(text: str | None) -> str | dict[str, Any] | None:
@@ -79,27 +100,64 @@ def _tokenizer(model: str) -> Any:
         raise ModelLoadError(f"could not load the tokenizer of {model!r}: {exc}") from exc
 
 
-def _fail(exc: Exception) -> None:
-    typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code=2)
+def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], variant: str,
+               max_new_tokens: int, device: str | None, dtype: str, workers: int,
+               ray_address: str | None, placement: str | dict[str, Any] | None,
+               gpus_per_worker: float | None, stop_rule: str = "newline_token",
+               thinking: bool = True) -> Any:
+    """Load the model (or start Ray), the trials, and score; says what a resume skips."""
+    from locos_tl.models import load_model
+    from locos_tl.score import score_trials
+    from locos_tl.trials import load_trials
+
+    if workers > 1 or ray_address is not None:
+        # the workers load the model; the driver only needs the tokenizer
+        from locos_tl.distributed import require_ray
+
+        require_ray()
+        load_kwargs: dict[str, Any] = {"dtype": dtype}
+        if device is not None:
+            load_kwargs["device"] = device
+        if placement is not None:
+            load_kwargs["device_map"] = placement
+        extra = {} if gpus_per_worker is None else {"num_gpus_per_worker": gpus_per_worker}
+        trial_list = load_trials(trials, _tokenizer(model))
+        note_resume(out, finished_trials(out, trial_list, methods), len(trial_list))
+        return score_trials(model, trial_list, methods=methods, variant=variant,
+                            max_new_tokens=max_new_tokens, out_dir=out, workers=workers,
+                            ray_address=ray_address, load_kwargs=load_kwargs,
+                            stop_rule=stop_rule, thinking=thinking, **extra)
+    bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
+    trial_list = load_trials(trials, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
+    note_resume(out, finished_trials(out, trial_list, methods), len(trial_list))
+    return score_trials(bridge, trial_list, methods=methods, variant=variant,
+                        max_new_tokens=max_new_tokens, out_dir=out, stop_rule=stop_rule,
+                        thinking=thinking)
 
 
-@app.command()
+@app.command(short_help="Score every attention head: LOCOS and the baselines.")
 def score(
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
     trials: Annotated[Path, typer.Option(help="JSON lines: prompt, needle, answer (or "
-                                              "records written by `locos build-trials`).")],
+                                              "records written by `locos build-trials`).",
+                                         exists=True, dir_okay=False)],
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
     variant: Annotated[str, typer.Option(help="raw (paper) or exact (norms frozen).")] = "raw",
     method: Annotated[str, typer.Option(help="Comma-separated methods: locos, wu, headkv, "
                                              "attention_spatial, dla.")] = "locos",
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.")] = 50,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 50,
+    stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
+                                                "bare newline token stops) or "
+                                                "contains_newline.")] = "newline_token",
+    thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
+                                                "the stop rule, gate and answer "
+                                                "steps.")] = True,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
-    top: Annotated[int, typer.Option(help="How many top heads to print.")] = 10,
+    top: Annotated[int, typer.Option(help="How many top heads to print.", min=0)] = 10,
     workers: Annotated[int, typer.Option(help="Ray workers (actors), one GPU each when "
                                               "there are GPUs; > 1 needs "
-                                              "pip install \"locos_tl\\[ray]\".")] = 1,
+                                              "pip install \"locos_tl[ray]\".", min=1)] = 1,
     ray_address: Annotated[str | None, typer.Option(help="Running Ray cluster (auto, "
                                                          "host:6379, ray://host:10001); "
                                                          "default: a local cluster for "
@@ -113,43 +171,28 @@ def score(
                                                                "over 2 GPUs).")] = None,
 ) -> None:
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
-    from locos_tl.models import load_model
-    from locos_tl.score import score_trials
-    from locos_tl.trials import load_trials
+    from locos_tl.decode import STOP_RULES
+    from locos_tl.unembed import VARIANTS
 
+    # every option is checked before the model (or Ray) is loaded
+    check_choice(variant, VARIANTS, "--variant")
+    check_choice(stop_rule, STOP_RULES, "--stop-rule")
+    methods = check_methods(method)
+    check_dtype(dtype)
     try:
-        methods = [m.strip() for m in method.split(",") if m.strip()]
         placement = _parse_device_map(device_map)
-        if workers > 1 or ray_address is not None:
-            # the workers load the model; the driver only needs the tokenizer
-            from locos_tl.distributed import require_ray
-
-            require_ray()
-            load_kwargs: dict[str, Any] = {"dtype": dtype}
-            if device is not None:
-                load_kwargs["device"] = device
-            if placement is not None:
-                load_kwargs["device_map"] = placement
-            extra = {} if gpus_per_worker is None else {"num_gpus_per_worker": gpus_per_worker}
-            trial_list = load_trials(trials, _tokenizer(model))
-            result: Any = score_trials(model, trial_list, methods=methods, variant=variant,
-                                       max_new_tokens=max_new_tokens, out_dir=out,
-                                       workers=workers, ray_address=ray_address,
-                                       load_kwargs=load_kwargs, **extra)
-        else:
-            bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
-            trial_list = load_trials(trials, bridge.tokenizer,
-                                     n_ctx=getattr(bridge.cfg, "n_ctx", None))
-            result = score_trials(bridge, trial_list, methods=methods, variant=variant,
-                                  max_new_tokens=max_new_tokens, out_dir=out)
+        with resumable(out):
+            result = _run_score(model, trials, out, methods=methods, variant=variant,
+                                max_new_tokens=max_new_tokens, device=device, dtype=dtype,
+                                workers=workers, ray_address=ray_address,
+                                placement=placement, gpus_per_worker=gpus_per_worker,
+                                stop_rule=stop_rule, thinking=thinking)
     except (LocosError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     write_outputs(result, out)
     print_top(result, top)
-    if isinstance(result, dict) and len(result) > 1:
-        typer.echo(f"\nwrote {out}/ (trials.jsonl, meta.json, scores.csv of all methods; "
-                   f"per method {', '.join(f'{m}/' for m in result)}: scores.csv, "
-                   "heads.json, heatmap.html)")
-    else:
-        typer.echo(f"\nwrote {out}/ (scores.csv, heads.json, trials.jsonl, meta.json, "
-                   "heatmap.html)")
+    methods_written = list(result) if isinstance(result, dict) else [result.method]
+    typer.echo(f"\nwrote {out}/ (trials.jsonl, meta.json, scores.csv of "
+               f"{'all methods' if len(methods_written) > 1 else 'the method'}; per method "
+               f"{', '.join(f'{m}/' for m in methods_written)}: scores.csv, heads.json, "
+               "head_scores.json, heatmap.html)")

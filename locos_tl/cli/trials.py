@@ -1,4 +1,6 @@
-"""``locos build-trials``: write NoLiMa / NIAH trial files for ``locos score --trials``."""
+"""``locos build-trials``: write NoLiMa / NIAH trial files for ``locos score --trials``, and
+the specificity-control trials (parametric, arithmetic, organism echo) for
+``locos ablate --control``."""
 
 from __future__ import annotations
 
@@ -18,11 +20,13 @@ build_app = typer.Typer(
     help="Build retrieval trials (exact prompt lengths and needle spans) as JSON lines.",
     no_args_is_help=True,
 )
-app.add_typer(build_app, name="build-trials")
+app.add_typer(build_app, name="build-trials",
+              short_help="Build retrieval trial files (JSON lines) for `locos score`.")
 
 HaystackOpt = Annotated[
     list[Path],
-    typer.Option("--haystack", help="Book text file (repeat for several, or give a folder)."),
+    typer.Option("--haystack", help="Book text file (repeat for several, or give a folder).",
+                 exists=True),
 ]
 TokenizerOpt = Annotated[
     str, typer.Option(help="Local folder with tokenizer files, or a hub model name.")
@@ -47,7 +51,8 @@ OutOpt = Annotated[Path, typer.Option(help="Output trials file (JSON lines).")]
 
 @build_app.command("nolima")
 def nolima(
-    needle_set: Annotated[Path, typer.Option(help="NoLiMa needle_set*.json file.")],
+    needle_set: Annotated[Path, typer.Option(help="NoLiMa needle_set*.json file.",
+                                             exists=True, dir_okay=False)],
     haystack: HaystackOpt,
     tokenizer: TokenizerOpt,
     out: OutOpt,
@@ -92,7 +97,7 @@ def nolima(
 @build_app.command("niah")
 def niah(
     needles: Annotated[Path, typer.Option(help="NIAH probes (JSON lines: needle, question, "
-                                               "real_needle).")],
+                                               "real_needle).", exists=True, dir_okay=False)],
     haystack: HaystackOpt,
     tokenizer: TokenizerOpt,
     out: OutOpt,
@@ -120,6 +125,94 @@ def niah(
         lengths=lengths, depths=depths, num_examples=num_examples,
         chat_template=chat_template, seed=seed,
     ))
+
+
+ControlTemplateOpt = Annotated[
+    str, typer.Option(help="Prompt text with one {question} slot (a literal \\n is a "
+                           "newline).")
+]
+
+
+def _control_template(text: str) -> str:
+    return text.replace("\\n", "\n")
+
+
+@build_app.command("parametric")
+def parametric(
+    tokenizer: TokenizerOpt,
+    out: OutOpt,
+    num_examples: Annotated[int | None, typer.Option(
+        help="Sample this many questions; default: all shipped facts of --kind.")] = None,
+    kind: Annotated[list[str] | None, typer.Option(
+        help="city_country and/or entity (repeatable); default both.")] = None,
+    template: ControlTemplateOpt = "Question: {question}\\nAnswer:",
+    chat_template: ChatOpt = False,
+    seed: SeedOpt = 0,
+) -> None:
+    """Parametric-knowledge control trials (city -> country, popular-entity facts; arXiv
+    2607.01002, Sec. 4) from the facts shipped with locos_tl, for `locos ablate --control`."""
+    from locos_tl.data.controls import PARAMETRIC_KINDS, build_parametric_trials
+
+    try:
+        tok = _tokenizer(tokenizer)
+        t0 = time.perf_counter()
+        trials = build_parametric_trials(
+            tok, n=num_examples, kinds=tuple(kind or PARAMETRIC_KINDS), seed=seed,
+            template=_control_template(template), chat_template=chat_template)
+    except (LocosError, ValueError) as exc:
+        _fail(exc)
+    _write(trials, out, "parametric", time.perf_counter() - t0, dict(
+        tokenizer=tokenizer, num_examples=num_examples, kind=kind, template=template,
+        chat_template=chat_template, seed=seed))
+
+
+@build_app.command("arithmetic")
+def arithmetic(
+    tokenizer: TokenizerOpt,
+    out: OutOpt,
+    num_examples: Annotated[int, typer.Option(help="Number of distinct questions.")] = 50,
+    ops: Annotated[str, typer.Option(help="Operators, comma-separated: +,-,*")] = "+,-,*",
+    template: ControlTemplateOpt = "Question: {question}\\nAnswer:",
+    chat_template: ChatOpt = False,
+    seed: SeedOpt = 0,
+) -> None:
+    """1-digit arithmetic control trials ("What is 3 + 4?" -> "7"; arXiv 2607.01002,
+    Sec. 4), drawn with a seed, for `locos ablate --control`."""
+    from locos_tl.data.controls import build_arithmetic_trials
+
+    try:
+        tok = _tokenizer(tokenizer)
+        t0 = time.perf_counter()
+        trials = build_arithmetic_trials(
+            tok, n=num_examples, ops=[o.strip() for o in ops.split(",") if o.strip()],
+            seed=seed, template=_control_template(template), chat_template=chat_template)
+    except (LocosError, ValueError) as exc:
+        _fail(exc)
+    _write(trials, out, "arithmetic", time.perf_counter() - t0, dict(
+        tokenizer=tokenizer, num_examples=num_examples, ops=ops, template=template,
+        chat_template=chat_template, seed=seed))
+
+
+@build_app.command("organism-echo")
+def organism_echo(
+    out: OutOpt,
+    num_examples: Annotated[int, typer.Option(help="Number of distinct words.")] = 50,
+    top: Annotated[int, typer.Option(help="Draw from this many most frequent filler "
+                                          "words.")] = 100,
+    seed: SeedOpt = 0,
+) -> None:
+    """The model organism's context-free control: the prompt `<s> w` answered with `w`
+    (the organism knows no fact it can state without a context). Score it with
+    `locos ablate --control FILE --control-max-new-tokens 1`."""
+    from locos_tl.organisms.controls import make_echo_trials
+
+    try:
+        t0 = time.perf_counter()
+        trials = make_echo_trials(num_examples, seed=seed, top=top)
+    except (LocosError, ValueError) as exc:
+        _fail(exc)
+    _write(trials, out, "organism-echo", time.perf_counter() - t0, dict(
+        num_examples=num_examples, top=top, seed=seed))
 
 
 def _tokenizer(name: str) -> Any:

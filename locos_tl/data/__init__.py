@@ -2,9 +2,15 @@
 
 Builds :class:`~locos_tl.trials.Trial` objects with exact prompt lengths and needle
 spans (NoLiMa, Modarressi et al. 2025, arXiv 2502.05167; NIAH probes of Wu et al.
-2025, arXiv 2404.15574).
+2025, arXiv 2404.15574), and the specificity-control questions of the dissociation
+score (arXiv 2607.01002, Sec. 4; :mod:`locos_tl.data.controls`).
 """
 
+from locos_tl.data.controls import (
+    build_arithmetic_trials,
+    build_control_trials,
+    build_parametric_trials,
+)
 from locos_tl.data.grid import (
     GridCell,
     linspace_depths,
@@ -50,8 +56,11 @@ __all__ = [
     "NoLiMaTest",
     "PromptBuilder",
     "PromptTemplate",
+    "build_arithmetic_trials",
+    "build_control_trials",
     "build_niah_trials",
     "build_nolima_trials",
+    "build_parametric_trials",
     "choose_characters",
     "expand_needle_set",
     "fetch_nolima",

@@ -3,9 +3,12 @@
 Probe format (JSON lines, the probe set of the retrieval-head detector of Wu et al.
 2025, "Retrieval Head Mechanistically Explains Long-Context Factuality", arXiv
 2404.15574): one object a line with ``needle`` (the inserted sentence),
-``question`` and ``real_needle`` (the answer part inside the needle). The scored
-span, and the gold answer, is ``real_needle``: Wu et al.'s copy score counts only
-copies from it.
+``question`` and ``real_needle`` (the answer part inside the needle). A trial's
+``needle_span`` covers the whole needle sentence and its ``answer_span`` the
+``real_needle`` part, which is also the gold answer: as in the authors' release,
+LOCOS, attention-spatial, DLA and the HeadKV anchor variant read the whole needle, and
+Wu et al.'s copy score and HeadKV (Fu et al. 2025, arXiv 2410.19258) read only
+``real_needle`` (each detector's ``span``; docs/concepts.md, protocol table).
 """
 
 from __future__ import annotations
@@ -120,12 +123,13 @@ def build_niah_trials(
     system_prompt: str = NIAH_SYSTEM_PROMPT,
     builder: PromptBuilder | None = None,
 ) -> list[Trial]:
-    """Build NIAH trials: exact prompt length, span = tokens of ``real_needle``.
+    """Build NIAH trials: exact prompt length, needle span = the whole needle sentence,
+    answer span = the tokens of ``real_needle``.
 
-    The whole needle goes in at the sentence boundary nearest the depth; the span
-    covers the answer part, widened to whole tokens if the tokenizer merges its edge
-    with neighbouring characters (e.g. a final ``.``). ``num_examples`` are sampled,
-    stratified by (probe, depth).
+    The whole needle goes in at the sentence boundary nearest the depth; both spans
+    are widened to whole tokens if the tokenizer merges their edges with neighbouring
+    characters (e.g. a final ``.``). ``num_examples`` are sampled, stratified by
+    (probe, depth).
 
     Returns:
         trials with ``meta``: ``task="niah"``, ``probe``, ``needle``, ``question``,
@@ -148,7 +152,8 @@ def build_niah_trials(
                     real_needle=p.real_needle, chat_template=chat_template)
         out.append(builder.build(
             by_index[c.haystack_index], length=c.length, template=template,
-            question=p.question, needle=Insert(p.needle, c.depth, p.answer_range, strict=False),
+            question=p.question,
+            needle=Insert(p.needle, c.depth, strict=False, answer=p.answer_range),
             answer=p.answer, meta=meta,
         ))
     return out

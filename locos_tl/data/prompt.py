@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from locos_tl.data.haystack import Haystack
 from locos_tl.errors import DataFormatError, TrialError
+from locos_tl.tokenize import checkpoint_tokenizer, encode_prompt
 from locos_tl.trials import Trial, span_from_offsets
 
 
@@ -38,7 +39,9 @@ class PromptTemplate:
             one it is prepended to the user text followed by a blank line.
         chat_template: render with ``tokenizer.apply_chat_template`` (generation prompt
             added, ``enable_thinking=False`` passed so templates that support it do not
-            open a thinking block).
+            open a thinking block). Either way the text is tokenized under the one BOS
+            rule (:func:`locos_tl.tokenize.encode_prompt`): the checkpoint's BOS once at
+            position 0, not added again when the template writes it.
 
     Raises:
         DataFormatError: the task template lacks the ``{haystack}`` or ``{question}``
@@ -74,23 +77,26 @@ class Insert:
         strict: the scored range must be whole tokens (else :class:`TrialError`);
             when ``False`` the span widens to the tokens covering the range (for a
             NIAH ``real_needle`` that ends inside a word-plus-punctuation token).
+        answer: character range ``[a, b)`` inside ``text`` of the answer part (NIAH:
+            ``real_needle``); its covering tokens become the trial's ``answer_span``
+            (read by the Wu copy score and HeadKV). ``None``: no separate answer span.
     """
 
     text: str
     depth: float | int
     score: tuple[int, int] | None = None
     strict: bool = True
+    answer: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         if not self.text.strip():
             raise DataFormatError("inserted text (needle or distractor) is empty")
         if not 0.0 <= float(self.depth) <= 100.0:
             raise DataFormatError(f"depth {self.depth} is outside 0..100 (percent)")
-        if self.score is not None:
-            a, b = self.score
-            if not 0 <= a < b <= len(self.text):
+        for what, rng in (("scored", self.score), ("answer", self.answer)):
+            if rng is not None and not 0 <= rng[0] < rng[1] <= len(self.text):
                 raise DataFormatError(
-                    f"scored range [{a}, {b}) is outside the inserted text "
+                    f"{what} range [{rng[0]}, {rng[1]}) is outside the inserted text "
                     f"of {len(self.text)} characters"
                 )
 
@@ -117,7 +123,9 @@ class PromptBuilder:
 
     Args:
         tokenizer: a Hugging Face fast tokenizer (needs ``return_offsets_mapping``) or
-            an object with a ``.tokenizer`` (TransformerBridge, HookedTransformer).
+            an object with a ``.tokenizer`` (TransformerBridge); the checkpoint's own
+            tokenizer behind it is used (:func:`locos_tl.tokenize.checkpoint_tokenizer`),
+            so a bridge and ``--tokenizer DIR`` build the same trials.
         max_tries: tokenisations allowed per trial to reach the exact length.
         boundary_tries: how many nearest sentence boundaries to try when the needle is
             not token-aligned at the nearest one.
@@ -136,7 +144,7 @@ class PromptBuilder:
             raise DataFormatError(
                 "a fast tokenizer (with character offsets) is needed to build trials"
             )
-        self.tokenizer = tok
+        self.tokenizer = checkpoint_tokenizer(tok)
         self.max_tries = max_tries
         self.boundary_tries = boundary_tries
         self.start_tries = start_tries
@@ -179,7 +187,8 @@ class PromptBuilder:
 
         Returns:
             a :class:`~locos_tl.trials.Trial` with ``len(tokens) == length`` and
-            ``needle_span`` covering the scored text.
+            ``needle_span`` covering the scored text (and ``answer_span`` covering the
+            needle's ``answer`` range, when it has one).
 
         Raises:
             HaystackTooShortError: the haystack is too short for ``length`` (the
@@ -190,7 +199,7 @@ class PromptBuilder:
             DataFormatError: the chat template is missing or rewrites the haystack.
         """
         if needle.score is None:
-            needle = Insert(needle.text, needle.depth, (0, len(needle.text)), needle.strict)
+            needle = replace(needle, score=(0, len(needle.text)))
         inserts = [needle, *others]
         last_err: TrialError | None = None
         for rank in range(self.boundary_tries):
@@ -206,7 +215,11 @@ class PromptBuilder:
             except TrialError as exc:
                 last_err = exc
                 continue
-            return self._trial(r, s, e, haystack, length, needle, answer, meta)
+            ans = None
+            if needle.answer is not None:  # the answer part: covering tokens
+                base = r.hay_start + r.insert_starts[0]
+                ans = _covering_span(r.offsets, base + needle.answer[0], base + needle.answer[1])
+            return self._trial(r, s, e, haystack, length, needle, answer, meta, ans)
         raise TrialError(
             f"needle not token-aligned at the {self.boundary_tries} sentence boundaries "
             f"nearest depth {needle.depth} in {haystack.name!r}: {last_err}"
@@ -333,14 +346,11 @@ class PromptBuilder:
         src = haystack.text[start:cut].rstrip()
         hay, starts = _insert(src, haystack, book, start, t0, n, inserts, rank)
         prompt, hay_start = self._prompt_text(template, question, hay)
-        add_special = not template.chat_template
-        enc = self.tokenizer(
-            prompt, add_special_tokens=add_special, return_offsets_mapping=True, verbose=False
-        )
+        ids, offsets = encode_prompt(self.tokenizer, prompt)  # the one BOS rule
         return _Rendered(
             prompt=prompt,
-            ids=list(enc["input_ids"]),
-            offsets=enc["offset_mapping"],
+            ids=ids,
+            offsets=offsets,
             hay_start=hay_start,
             hay_len=len(hay),
             insert_starts=starts,
@@ -400,6 +410,7 @@ class PromptBuilder:
         needle: Insert,
         answer: str,
         meta: dict[str, Any] | None,
+        answer_span: tuple[int, int] | None = None,
     ) -> Trial:
         hs, he = _covering_span(r.offsets, r.hay_start, r.hay_start + r.hay_len)
         room = max(1, (he - hs) - (e - s))
@@ -414,7 +425,7 @@ class PromptBuilder:
             haystack_start=r.book_start,
         )
         return Trial(tokens=tuple(r.ids), needle_span=(s, e), answer=answer, prompt=r.prompt,
-                     meta=out)
+                     meta=out, answer_span=answer_span)
 
 
 def _insert(

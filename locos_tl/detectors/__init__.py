@@ -2,35 +2,45 @@
 
 Every detector maps a :class:`~locos_tl.decode.DecodeStep` to a per-head value
 (``[n_layers, n_heads]``) and reduces the values of the steps it uses to one per-trial
-score. All detectors share one decode pass (``score_trials(methods=[...])``).
+score. All detectors share one decode pass (``score_trials(methods=[...])``). Each
+declares the trial span it reads (``Detector.span``: ``"needle"`` or ``"answer"``,
+following its published protocol) and which trials it accepts
+(``Detector.drop_reason``); docs/concepts.md has the protocol table.
 """
 
 from __future__ import annotations
 
-from locos_tl.detectors.attention import AttentionSpatial, HeadKV, WuCopy
-from locos_tl.detectors.base import Detector
+from locos_tl.detectors.attention import AttentionSpatial, WuCopy
+from locos_tl.detectors.base import SPAN_NAMES, Detector, SpanName, TrialOutcome
+from locos_tl.detectors.headkv import HeadKV, HeadKVAnchor
 from locos_tl.detectors.locos import DLA, Locos
 
 DETECTORS: dict[str, type[Detector]] = {
     "locos": Locos,
     "wu": WuCopy,
     "headkv": HeadKV,
+    "headkv_anchor": HeadKVAnchor,
     "attention_spatial": AttentionSpatial,
     "dla": DLA,
 }
 
 
-def get_detector(name: str) -> Detector:
+def get_detector(name: str, span: SpanName | None = None) -> Detector:
     """Instantiate the detector registered as ``name``.
 
+    Args:
+        name: the method name.
+        span: read this trial span instead of the method's published default.
+
     Raises:
-        ValueError: unknown method; the message lists the known ones.
+        ValueError: unknown method (the message lists the known ones) or span.
     """
     try:
-        return DETECTORS[name]()
+        cls = DETECTORS[name]
     except KeyError:
         raise ValueError(f"unknown method {name!r}; use one of {sorted(DETECTORS)}") from None
+    return cls(span=span)
 
 
-__all__ = ["DETECTORS", "Detector", "get_detector", "Locos", "DLA", "WuCopy", "HeadKV",
-           "AttentionSpatial"]
+__all__ = ["DETECTORS", "SPAN_NAMES", "Detector", "SpanName", "TrialOutcome", "get_detector",
+           "Locos", "DLA", "WuCopy", "HeadKV", "HeadKVAnchor", "AttentionSpatial"]

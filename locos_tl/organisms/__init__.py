@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from locos_tl.organisms.controls import echo_examples, make_echo_trials
 from locos_tl.organisms.tasks import (
     TASKS,
     BookFiller,
@@ -40,6 +41,8 @@ __all__ = [
     "BookFiller",
     "ContextSpec",
     "default_book_dir",
+    "echo_examples",
     "make_example",
+    "make_echo_trials",
     "make_trials",
 ]

@@ -26,6 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from locos_tl.head_spec import parse_heads
 from locos_tl.organisms import vocab as V
 from locos_tl.organisms.tasks import (
     ContextSpec,
@@ -154,16 +155,15 @@ def ablate_heads(
         means: ``[n_layers, n_heads, d_head]``.
 
     Raises:
-        ValueError: ``mode="mean"`` without ``means``; a head out of range.
+        ValueError: ``mode="mean"`` without ``means``; a malformed head or one out of
+            range (``HeadSpecError``, see :func:`locos_tl.head_spec.parse_heads`).
     """
     L, H, D = _dims(model)
     if mode == "mean" and means is None:
         raise ValueError("mean ablation needs `means` (see head_means)")
     per_layer: dict[int, list[int]] = defaultdict(list)
-    for l_, h in heads:
-        if not (0 <= l_ < L and 0 <= h < H):
-            raise ValueError(f"head ({l_}, {h}) out of range for {L} layers x {H} heads")
-        per_layer[int(l_)].append(int(h))
+    for l_, h in parse_heads(heads, n_layers=L, n_heads=H):
+        per_layer[l_].append(h)
     handles = []
 
     def mk(layer: int, hs: list[int]):

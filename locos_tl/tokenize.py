@@ -1,0 +1,192 @@
+"""One tokenization rule for every prompt locos_tl builds or reads.
+
+The rule: a prompt text becomes the ids the **checkpoint's own tokenizer** gives
+(``AutoTokenizer.from_pretrained(dir)(text)["input_ids"]``, i.e. Hugging Face
+``add_special_tokens=True``), with the beginning-of-sequence token **exactly once and
+only at position 0**:
+
+- the BOS is prepended when, and only when, the checkpoint's tokenizer prepends one
+  (Llama, Gemma: yes; Qwen: no);
+- text that already starts with the BOS string (a chat template that writes
+  ``{{ bos_token }}``) gets no second one;
+- a BOS anywhere else in the text is an error (for checkpoints that use a BOS);
+- an end-of-sequence token the tokenizer would append (OLMo-1-style post-processors)
+  is not kept: a prompt is continued, not terminated (TransformerLens ``to_tokens``
+  drops it too).
+
+Why a rule of its own: a TransformerLens 4 ``TransformerBridge`` reloads the tokenizer
+with ``add_bos_token=True`` and sets ``bos_token = eos_token`` where there is none, so
+``model.tokenizer(text)`` can start with a BOS the checkpoint's tokenizer does not
+write, and ``model.to_tokens`` follows ``cfg.default_prepend_bos`` (True for Llama-
+style adapters even when the tokenizer adds no BOS). Trials built from the bridge's
+tokenizer and from ``locos build-trials --tokenizer DIR`` would then put the same
+needle one position apart. :func:`checkpoint_tokenizer` undoes the bridge's change and
+:func:`encode_prompt` applies the rule; ``Trial.from_text``, ``load_trials`` (text
+records), the NoLiMa/NIAH builders (``PromptBuilder``), ``calibrate_means`` and
+``corrupt_tokens`` all go through it.
+"""
+
+from __future__ import annotations
+
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any, Literal, get_args
+
+from locos_tl.errors import TrialError
+
+#: ``"checkpoint"``: the checkpoint's rule (BOS iff its tokenizer prepends one);
+#: ``"none"``: no special token is added (fragments, raw calibration text).
+BosPolicy = Literal["checkpoint", "none"]
+BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
+
+_OWN: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def checkpoint_tokenizer(tokenizer: Any) -> Any:
+    """The checkpoint's own tokenizer behind ``tokenizer``.
+
+    A TransformerBridge (TransformerLens 4.3) loads its tokenizer with
+    ``add_bos_token=True`` (``init_kwargs["add_bos_token"] is True``), which can add a
+    BOS the checkpoint's tokenizer does not, and fills a missing ``bos_token`` with the
+    EOS. Such a tokenizer is reloaded once from its ``name_or_path`` (local files only:
+    the bridge has just read them) and the reload is cached; any other tokenizer is
+    returned as it is.
+
+    Args:
+        tokenizer: a Hugging Face fast tokenizer, or an object with a ``.tokenizer``
+            (TransformerBridge).
+
+    Returns:
+        the tokenizer whose ``tokenizer(text)`` is the checkpoint's behaviour. If the
+        reload fails, ``tokenizer`` itself, with a warning that its BOS behaviour may be
+        the bridge's rather than the checkpoint's.
+    """
+    tok = getattr(tokenizer, "tokenizer", None) or tokenizer
+    init = getattr(tok, "init_kwargs", None) or {}
+    name = str(getattr(tok, "name_or_path", "") or "")
+    if init.get("add_bos_token") is not True or not name:
+        return tok
+    try:
+        cached = _OWN.get(tok)
+    except TypeError:  # not weak-referenceable
+        cached = None
+    if cached is not None:
+        return cached
+    try:
+        from transformers import AutoTokenizer
+
+        own = AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - any loader failure: keep the given one
+        warnings.warn(
+            f"could not reload the tokenizer of {name!r} without the bridge's "
+            f"add_bos_token=True ({type(exc).__name__}: {exc}); prompts follow the given "
+            "tokenizer's BOS behaviour, which may differ from the checkpoint's",
+            stacklevel=2,
+        )
+        own = tok
+    try:
+        _OWN[tok] = own
+    except TypeError:
+        pass
+    return own
+
+
+def prepended_ids(tokenizer: Any) -> list[int]:
+    """The ids the checkpoint's tokenizer puts before the text (``[bos_id]`` or ``[]``).
+
+    Found by encoding ``"a"`` with and without special tokens.
+    """
+    tok = checkpoint_tokenizer(tokenizer)
+    plain = list(tok("a", add_special_tokens=False)["input_ids"])
+    full = list(tok("a", add_special_tokens=True)["input_ids"])
+    for k in range(len(full) - len(plain) + 1):
+        if full[k : k + len(plain)] == plain:
+            return full[:k]
+    return []
+
+
+def bos_id(tokenizer: Any) -> int | None:
+    """The BOS id under the checkpoint's rule: its ``bos_token_id`` if its tokenizer
+    prepends it to every prompt, else ``None`` (e.g. Qwen)."""
+    tok = checkpoint_tokenizer(tokenizer)
+    bid = getattr(tok, "bos_token_id", None)
+    return int(bid) if bid is not None and int(bid) in prepended_ids(tok) else None
+
+
+def encode_prompt(
+    tokenizer: Any, text: str, *, bos: BosPolicy = "checkpoint"
+) -> tuple[list[int], list[tuple[int, int]]]:
+    """Token ids and character offsets of a prompt under the one rule (module docstring).
+
+    Args:
+        tokenizer: a Hugging Face fast tokenizer or a TransformerBridge; the
+            checkpoint's own tokenizer is used (:func:`checkpoint_tokenizer`).
+        text: the whole prompt text (possibly rendered with a chat template).
+        bos: ``"checkpoint"`` (default) adds what the checkpoint's tokenizer adds
+            before a text (its BOS, or nothing), unless the text already starts with
+            the BOS; ``"none"`` adds nothing (a BOS the text starts with stays).
+
+    Returns:
+        ``(ids, offsets)``: ``ids`` of length ``N``; ``offsets[i] = (a, b)`` is the
+        character range of token ``i`` in ``text``, ``(0, 0)`` for an added BOS.
+
+    Raises:
+        TrialError: the text holds the checkpoint's BOS somewhere other than at its
+            very start (the message gives the character offset), or the tokenizer is
+            not a fast tokenizer (no offsets).
+        ValueError: unknown ``bos`` policy.
+    """
+    if bos not in BOS_POLICIES:
+        raise ValueError(f"unknown BOS policy {bos!r}; use one of {list(BOS_POLICIES)}")
+    tok = checkpoint_tokenizer(tokenizer)
+    if not getattr(tok, "is_fast", True):
+        raise TrialError("a fast tokenizer (with character offsets) is needed to encode prompts")
+    enc = tok(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+    ids = [int(i) for i in enc["input_ids"]]
+    offsets = [(int(a), int(b)) for a, b in enc["offset_mapping"]]
+    prefix = prepended_ids(tok)
+    bid = getattr(tok, "bos_token_id", None)
+    uses_bos = bid is not None and int(bid) in prefix
+    if bos == "checkpoint" and prefix:
+        if uses_bos and ids[:1] == [int(bid)]:  # the text writes the BOS itself
+            prefix = [t for t in prefix if t != int(bid)]
+        ids = prefix + ids
+        offsets = [(0, 0)] * len(prefix) + offsets
+    if uses_bos:
+        stray = [i for i, t in enumerate(ids) if t == int(bid) and i > 0]
+        if stray:
+            raise TrialError(
+                f"the prompt holds the BOS token {tok.bos_token!r} at token {stray[0]} "
+                f"(character {offsets[stray[0]][0]}); BOS may only be at position 0 "
+                "(was the text rendered with a chat template and then given a BOS, or "
+                "are two prompts concatenated?)"
+            )
+    return ids, offsets
+
+
+def encode_fragment(tokenizer: Any, text: str) -> list[int]:
+    """Ids of a text that goes *inside* a prompt (filler, a name): no special tokens.
+
+    Raises:
+        TrialError: the fragment holds the checkpoint's BOS.
+    """
+    ids, _ = encode_prompt(tokenizer, text, bos="none")
+    check_no_bos(tokenizer, ids, start=0, what="fragment")
+    return ids
+
+
+def check_no_bos(tokenizer: Any, ids: Sequence[int], *, start: int = 1,
+                 what: str = "prompt") -> None:
+    """Raise if the checkpoint's BOS occurs in ``ids[start:]``.
+
+    Raises:
+        TrialError: names the first position.
+    """
+    bid = bos_id(tokenizer)
+    if bid is None:
+        return
+    for i in range(start, len(ids)):
+        if int(ids[i]) == bid:
+            raise TrialError(f"the {what} holds the BOS token (id {bid}) at position {i}; "
+                             "BOS may only be at position 0 of a prompt")

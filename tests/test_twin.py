@@ -1,0 +1,111 @@
+"""The SDPA twin is the bridge's model by construction, and prefills it exactly.
+
+Issue 10 item 1: the twin shares every tensor with the bridge, and its KV cache and
+next-token logits equal the bridge's own prefill to 1e-5 (float32) on Qwen3 (with a
+sliding layer), Gemma-3 (window shorter than the prompt), OLMo-2 and Llama. Low
+precision never disables it; a fallback warns with its reason.
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import pytest
+import torch
+
+from locos_tl import load_model
+from locos_tl.tiny import make_tiny_checkpoint
+from locos_tl.twin import build_twin, twin_info
+
+SHORT_WINDOWS = {
+    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+    "gemma3": dict(sliding_window=8),
+    "olmo2": {},
+    "llama": {},
+}
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    from locos_tl.tiny import byte_bpe_tokenizer
+
+    root = tmp_path_factory.mktemp("twin")
+    tok = byte_bpe_tokenizer()
+    cache: dict[tuple[str, str], object] = {}
+
+    def get(arch: str, dtype: str = "float32"):
+        if (arch, dtype) not in cache:
+            d = root / arch
+            if not d.exists():
+                make_tiny_checkpoint(arch, d, seed=3, tokenizer=tok, **SHORT_WINDOWS[arch])
+            cache[arch, dtype] = load_model(d, device="cpu", dtype=dtype)
+        return cache[arch, dtype]
+
+    return get
+
+
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_twin_prefill_equals_bridge_prefill(windowed, arch):
+    from transformers import DynamicCache
+
+    model = windowed(arch)
+    info = twin_info(model)
+    assert info.path == "sdpa_twin", info.reason
+    cfg = model.original_model.config
+    ids = torch.randint(1, int(model.cfg.d_vocab), (1, 40), generator=torch.Generator().manual_seed(0))
+    c_twin, c_bridge = DynamicCache(config=cfg), DynamicCache(config=cfg)
+    with torch.no_grad():
+        a = info.twin(ids, past_key_values=c_twin, use_cache=True).logits[0, -1]
+        b = model(ids, return_type="logits", past_key_values=c_bridge, use_cache=True)[0, -1]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    sliding = 0
+    for lt, lb in zip(c_twin.layers, c_bridge.layers, strict=True):
+        assert lt.keys.shape == lb.keys.shape
+        sliding += lt.keys.shape[-2] < ids.shape[1]
+        torch.testing.assert_close(lt.keys, lb.keys, atol=1e-5, rtol=0)
+        torch.testing.assert_close(lt.values, lb.values, atol=1e-5, rtol=0)
+    if arch in ("qwen3", "gemma3"):  # the window really is shorter than the prompt
+        assert sliding >= 1
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "gemma3"])
+def test_twin_shares_every_tensor(windowed, arch):
+    model = windowed(arch)
+    twin = twin_info(model).twin
+    own = {p.data_ptr() for p in model.original_model.parameters()}
+    assert all(p.data_ptr() in own for p in twin.parameters())
+    assert sum(p.numel() for p in twin.parameters()) > 0
+    assert twin.config._attn_implementation == "sdpa"
+
+
+def test_bf16_keeps_the_twin(windowed):
+    """bf16 rounding must never switch the fast path off (it did via a logit probe)."""
+    model = windowed("qwen3", "bfloat16")
+    assert twin_info(model).path == "sdpa_twin"
+
+
+class _DeviceMapped:
+    class _HF:
+        hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}
+
+    original_model = _HF()
+
+
+def test_fallback_warns_with_the_reason():
+    fake = _DeviceMapped()
+    with pytest.warns(RuntimeWarning, match="split over devices"):
+        info = twin_info(fake)
+    assert info.path == "bridge" and "device_map" in info.reason
+    weakref.ref(fake)  # cached per model, weakly
+
+
+def test_softcapping_is_refused(windowed):
+    import copy
+
+    model = windowed("gemma3")
+    fake = type("M", (), {})()
+    fake.original_model = copy.copy(model.original_model)
+    fake.original_model.config = copy.deepcopy(model.original_model.config)
+    fake.original_model.config.attn_logit_softcapping = 50.0
+    with pytest.raises(RuntimeError, match="soft-capping"):
+        build_twin(fake)
