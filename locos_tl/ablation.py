@@ -46,7 +46,7 @@ from tqdm.auto import tqdm
 
 from locos_tl.decode import prefill
 from locos_tl.errors import TrialError
-from locos_tl.head_spec import as_int, parse_heads
+from locos_tl.head_spec import HeadLike, as_int, parse_heads
 from locos_tl.heads import Head
 from locos_tl.tokenize import BosPolicy
 
@@ -204,7 +204,7 @@ def check_mode(mode: str) -> AblationMode:
     return mode  # type: ignore[return-value]
 
 
-def check_heads(model: Any, heads: Sequence[Head | str]) -> list[Head]:
+def check_heads(model: Any, heads: Sequence[HeadLike]) -> list[Head]:
     """``heads`` as ``(layer, head)`` int pairs (:func:`locos_tl.head_spec.parse_heads`).
 
     Raises:
@@ -245,7 +245,7 @@ def shared_q_norm(model: Any, layer: int) -> torch.nn.Module | None:
 
 def ablation_hooks(
     model: Any,
-    heads: Sequence[Head],
+    heads: Sequence[HeadLike],
     mode: AblationMode = "query_mean",
     means: AblationMeans | None = None,
 ) -> list[tuple[str, Any]]:
@@ -337,7 +337,7 @@ def ablation_hooks(
 @contextmanager
 def ablate(
     model: Any,
-    heads: Sequence[Head],
+    heads: Sequence[HeadLike],
     mode: AblationMode = "query_mean",
     *,
     means: AblationMeans | None = None,
@@ -387,7 +387,7 @@ def ablate(
 
 
 def random_heads(
-    n_layers: int, n_heads: int, k: int, seed: int, *, exclude: Sequence[Head] = ()
+    n_layers: int, n_heads: int, k: int, seed: int, *, exclude: Sequence[HeadLike] = ()
 ) -> list[Head]:
     """``k`` distinct heads drawn uniformly at random (the random-heads control).
 

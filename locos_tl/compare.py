@@ -46,7 +46,7 @@ def _top(flat: np.ndarray, idx: np.ndarray, k: int) -> set[int]:
 def compare_rankings(
     a: HeadScores | Float[Tensor, "n_layers n_heads"] | np.ndarray,
     b: HeadScores | Float[Tensor, "n_layers n_heads"] | np.ndarray,
-    ks: Sequence[int] = (10, 20, 50),
+    ks: int | Sequence[int] = (10, 20, 50),
 ) -> pd.DataFrame:
     """Rank agreement of two per-head scores, overall and per layer third.
 

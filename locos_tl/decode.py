@@ -8,9 +8,9 @@ are read from the KV cache (they equal ``hook_v``). Rows and values are aligned 
 absolute key positions on every layer: a sliding-window layer's row covers only the last
 ``window`` keys, and its cache drops the oldest of them during the step's update, so its
 values are the cache before the update plus the step's new value (the authors' release
-indexes the window-sliced row with absolute positions; docs/concepts.md). Memory is linear in context length:
-no ``N x N`` tensor is kept, and the bridge's eager attention sees at most
-``chunk_size x N`` scores at a time (SDPA twin: one causal call, linear memory).
+indexes the window-sliced row with absolute positions; docs/concepts.md). Memory is
+linear in context length: no ``N x N`` tensor is kept, and the bridge's eager attention
+sees at most ``chunk_size x N`` scores at a time (SDPA twin: one causal call, linear memory).
 
 Decoding step ``t`` is the forward position whose logits choose ``y_t``: step 1 is the
 last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (docs/concepts.md).
@@ -51,7 +51,7 @@ def check_stop_rule(rule: str) -> StopRule:
     return rule  # type: ignore[return-value]
 
 
-def is_newline_stop(text: str, rule: StopRule = "newline_token") -> bool:
+def is_newline_stop(text: str, rule: str = "newline_token") -> bool:
     """Whether a generated token whose decoded text is ``text`` stops decoding.
 
     ``"newline_token"`` (default; the authors' release, docs/concepts.md protocol table,

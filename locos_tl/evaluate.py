@@ -35,7 +35,7 @@ from locos_tl.ablation import (
     random_heads,
 )
 from locos_tl.decode import StopRule, check_stop_rule, greedy_decode
-from locos_tl.head_spec import HeadSpecError, as_int, parse_heads, parse_ks
+from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
 from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_name
 from locos_tl.provenance import provenance
@@ -82,7 +82,7 @@ def means_hash(means: AblationMeans | None) -> str | None:
     return h.hexdigest()[:16]
 
 
-def _ranking(hs: Sequence[Head | str] | HeadScores, name: str, n_layers: int,
+def _ranking(hs: Sequence[HeadLike] | HeadScores, name: str, n_layers: int,
              n_heads: int) -> list[Head]:
     if isinstance(hs, HeadScores):
         return hs.ranked(True)
@@ -101,7 +101,7 @@ def _check_head_sets(head_sets: Any) -> None:
 
 
 def build_jobs(
-    head_sets: Mapping[str, Sequence[Head | str] | HeadScores],
+    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
     ks: Sequence[int],
     *,
     n_layers: int,
@@ -160,12 +160,12 @@ def build_jobs(
 def evaluate(
     model: Any,
     trials: Sequence[Trial],
-    head_sets: Mapping[str, Sequence[Head | str] | HeadScores],
+    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
     *,
     k: int | Sequence[int] | None = None,
     mode: AblationMode = "query_mean",
     means: AblationMeans | None = None,
-    seeds: Sequence[int] = (0, 1, 2),
+    seeds: int | Sequence[int] = (0, 1, 2),
     random: bool = True,
     bottom: str | None = "auto",
     scorer: str | Scorer = "nolima",
@@ -199,7 +199,7 @@ def evaluate(
         mode: ablation mode (see :func:`locos_tl.ablate`).
         means: calibration means (:func:`locos_tl.calibrate_means`), needed by
             ``query_mean`` and ``output_mean``.
-        seeds: seeds of the random-heads control.
+        seeds: seeds of the random-heads control (one int or a list).
         random: include the random-heads control (method ``"random"``).
         bottom: bottom-k control source (see :func:`build_jobs`).
         scorer: ``"nolima"`` (``rougeL``, ``contains``), ``"musique"`` (``em``,

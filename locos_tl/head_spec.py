@@ -30,6 +30,9 @@ from typing import Any
 from locos_tl.errors import HeadSpecError
 
 Head = tuple[int, int]
+HeadLike = Any
+"""One head in any accepted form (``(1, 2)``, ``"L1H2"``, ``"1-2"``); checked at run time
+by :func:`parse_head`, hence ``Any`` for static type checkers."""
 
 HEAD_FORMS = ("a head is a (layer, head) pair of non-negative ints such as (1, 2), a label "
               "such as 'L1H2', or the reference form '1-2'")

@@ -25,8 +25,8 @@ from jaxtyping import Float
 from plotly.subplots import make_subplots
 from torch import Tensor
 
-from locos_tl.head_spec import as_int, parse_head, parse_heads
-from locos_tl.heads import Head, HeadScores, head_label
+from locos_tl.head_spec import HeadLike, as_int, parse_head, parse_heads
+from locos_tl.heads import HeadScores, head_label
 
 __all__ = [
     "ablation_curves",
@@ -477,7 +477,7 @@ def phi_explorer(
     *,
     needle_span: tuple[int, int] | None = None,
     target: str | None = None,
-    heads: Sequence[Head | str] | None = None,
+    heads: Sequence[HeadLike] | None = None,
     window: tuple[int, int] | None = None,
     max_ticks: int = 120,
     title: str | None = None,
@@ -555,7 +555,7 @@ def reads_vs_writes(
     pattern_row: Float[Tensor, "... pos"] | np.ndarray,
     phi_row: Float[Tensor, "... pos"] | np.ndarray,
     tokens: Sequence[str],
-    head: Head | str,
+    head: HeadLike,
     *,
     needle_span: tuple[int, int] | None = None,
     target: str | None = None,

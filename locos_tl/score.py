@@ -18,9 +18,9 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from locos_tl.acceptance import acceptance_counts
 from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
 from locos_tl.decode import DecodeStep, StopRule, check_stop_rule, greedy_decode
-from locos_tl.acceptance import acceptance_counts
 from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome, get_detector
 from locos_tl.errors import NonFiniteError, TrialError
 from locos_tl.heads import HeadScores

@@ -278,8 +278,9 @@ Scores are hypotheses. Here we test them causally on the organism:
 1. **Mean ablation** of each method's top-k heads (query replaced by its mean,
    method.md Sec. 4) against random heads (3 seeds) and LOCOS's bottom-k.
 2. **Dissociation**: does ablating the heads hurt non-literal retrieval more than a
-   control? The organism has no parametric questions, so the control here is the
-   *literal* task: $DS(k)$ then measures specificity to non-literal retrieval.
+   question the model answers without a context? $DS(k)$ against a context-free
+   control (the organism's echo, scored by exact match), and against the *literal*
+   task for specificity to non-literal retrieval.
 3. **Activation patching (CRI)** of every head against LOCOS.
 4. **Where the heads sit** in depth."""),
         new_code_cell(SETUP),
@@ -309,11 +310,51 @@ plot.ablation_curves(ablation["nonliteral"][ablation["nonliteral"].metric == "ro
 # the tidy table behind the figure: mean over trials (and seeds) per method and k
 ablation["nonliteral"].pivot_table(index="k", columns="method", values="value",
                                    aggfunc="mean").round(2)'''),
-        new_markdown_cell("## Dissociation: non-literal vs literal"),
+        new_markdown_cell("""\
+## Dissociation: retrieval vs a control answered without context
+
+$DS(k) = (R_0 - R(k))/R_0 - (P_0 - P(k))/P_0$ (method.md Sec. 4): $R$ the retrieval
+metric, $P$ a control metric on questions a model answers from its weights, scored as
+the authors do, by exact match after lower-casing and stripping (`scorer="control"`).
+For a language model the controls are city -> country and popular-entity facts and
+1-digit arithmetic (`locos_tl.build_parametric_trials`, `build_arithmetic_trials`;
+`locos build-trials parametric|arithmetic`, then `locos ablate ... --control FILE`).
+
+The organism knows no fact it can state without a context: its one piece of world
+knowledge, the landmark -> city map, is read only through the non-literal writers. The
+simplest context-free question it answers is the *echo*: the one-word prompt `<s> w`,
+answered `w` (it then keeps repeating, so one new token is decoded)."""),
         new_code_cell('''\
-ds = locos_tl.dissociation_score(ablation["nonliteral"], ablation["literal"],
-                                 retrieval_metric="rougeL", control_metric="rougeL")
-plot.dissociation(ds, title="DS(k): non-literal drop minus literal drop")'''),
+from locos_tl.organisms import make_echo_trials
+
+control = make_echo_trials(16, seed=0, top=200)
+control_ablation = locos_tl.evaluate(model, control, head_sets, k=[1, 2, 4],
+                                     mode="query_mean", means=means, seeds=(0, 1),
+                                     bottom=None, scorer="control", max_new_tokens=1,
+                                     progress=False)
+# R: ROUGE-L on non-literal trials; P: exact match on the echo (the default control metric)
+ds = locos_tl.dissociation_score(ablation["nonliteral"], control_ablation)
+print(ds.round(3).to_string(index=False))
+plot.dissociation(ds, title="DS(k): non-literal drop minus echo-control drop")'''),
+        new_markdown_cell("""\
+The ground-truth non-literal writers (`ground_truth.json`) ablated together: retrieval
+collapses while the echo survives, so $DS$ is clearly positive."""),
+        new_code_cell('''\
+if roles["nonliteral_writer"]:
+    writers = {"writers": roles["nonliteral_writer"]}
+    kw = dict(k=[len(roles["nonliteral_writer"])], mode="query_mean", means=means,
+              random=False, bottom=None, progress=False)
+    w_ret = locos_tl.evaluate(model, evals["nonliteral"], writers, max_new_tokens=2, **kw)
+    w_ctl = locos_tl.evaluate(model, control, writers, scorer="control", max_new_tokens=1,
+                              **kw)
+    print(locos_tl.dissociation_score(w_ret, w_ctl).round(3).to_string(index=False))'''),
+        new_markdown_cell("""\
+With the *literal* task as the control instead, $DS(k)$ measures specificity to
+non-literal retrieval (both metrics ROUGE-L)."""),
+        new_code_cell('''\
+ds_lit = locos_tl.dissociation_score(ablation["nonliteral"], ablation["literal"],
+                                     retrieval_metric="rougeL", control_metric="rougeL")
+plot.dissociation(ds_lit, title="DS(k): non-literal drop minus literal drop")'''),
         new_markdown_cell("""\
 ## Activation patching (CRI) vs LOCOS
 

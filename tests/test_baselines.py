@@ -66,5 +66,4 @@ def test_headkv_ignores_tokens_and_normalises_by_span() -> None:
 def test_all_step_detectors_sum_over_steps() -> None:
     values = torch.tensor([[[0.5, 0.0]], [[0.5, 0.25]], [[0.0, 0.25]]])  # [steps, 1, 2]
     for det in (WuCopy(), HeadKV()):
-        torch.testing.assert_close(det.trial_score(values, answer_steps=[1]),
-                                   torch.tensor([[1.0, 0.5]]))
+        torch.testing.assert_close(det.trial_score(values), torch.tensor([[1.0, 0.5]]))

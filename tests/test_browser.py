@@ -83,9 +83,9 @@ def html_files(tmp_path_factory) -> dict[str, Path]:
     d = shared()
     out = tmp_path_factory.mktemp("html")
     files: dict[str, Path] = {}
-    # The CLI's own writer: one method at the top level, and several methods in subdirs.
-    write_outputs(d.scores["locos"], out / "cli_single")
-    files["cli_single/heatmap.html"] = out / "cli_single" / "heatmap.html"
+    # The CLI's own writer: one folder per method, for one method or several.
+    single = write_outputs(d.scores["locos"], out / "cli_single")["locos"]
+    files["cli_single/heatmap.html"] = single / "heatmap.html"
     paths = write_outputs(d.scores, out / "cli_multi")
     for method, p in paths.items():
         files[f"cli_multi/{method}/heatmap.html"] = p / "heatmap.html"

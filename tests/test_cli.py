@@ -17,14 +17,15 @@ def test_score_writes_all_outputs(tiny_dirs, own_answer_trials, tmp_path):
     res = runner.invoke(app, ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
                               "--out", str(out), "--max-new-tokens", "8", "--variant", "exact"])
     assert res.exit_code == 0, res.output
-    for f in ("scores.csv", "heads.json", "trials.jsonl", "meta.json", "heatmap.html"):
+    for f in ("scores.csv", "trials.jsonl", "meta.json", "locos/scores.csv", "locos/heads.json",
+              "locos/head_scores.json", "locos/heatmap.html"):  # one layout (locos_tl.rundir)
         assert (out / f).exists(), f
     df = pd.read_csv(out / "scores.csv")
     assert len(df) == 2 * 4 and set(df["variant"]) == {"exact"} and set(df["n_trials"]) == {3}
     assert "L" in res.output and "top 10 heads (3 of 3 trials accepted)" in res.output
-    html = (out / "heatmap.html").read_text()
+    html = (out / "locos" / "heatmap.html").read_text()
     assert "RdBu" in html and "L%{" not in html and "Layer" in html
-    assert len(json.loads((out / "heads.json").read_text())["0-0"]) == 3
+    assert len(json.loads((out / "locos" / "heads.json").read_text())["0-0"]) == 3
 
 
 def test_score_several_methods(tiny_dirs, own_answer_trials, tmp_path):

@@ -2,6 +2,7 @@
 non-literal writers, the Wu copy score does not."""
 
 import json
+import re
 from pathlib import Path
 
 import pandas as pd
@@ -46,3 +47,23 @@ def test_demo_rankings_match_ground_truth(demo_out):
     assert not writers & set(wu_positive)  # the copy score cannot see the writers
     lit = df[df["run"] == "literal_synthetic"]
     assert set(lit["locos head"].iloc[:4]) == copies
+
+
+def test_demo_summary_names_files_where_they_are(demo_out):
+    out, text = demo_out
+    summary = text[text.index(f"wrote {out}/:"):]
+    top, per_run, per_method = (line.rstrip(";").split(": ", 1) for line in
+                                summary.splitlines()[:3])
+    runs = re.findall(r"(\w+)/", per_run[0])
+    methods = re.findall(r"<run>/(\w+)/", per_method[0])
+    assert len(runs) >= 2 and methods == ["locos", "wu"]
+    for name in top[1].split(", "):
+        assert (out / name).is_file(), name
+    for run in runs:
+        for name in per_run[1].split(", "):
+            assert (out / run / name).is_file(), (run, name)
+        for method in methods:
+            for name in per_method[1].split(", "):
+                assert (out / run / method / name).is_file(), (run, method, name)
+    assert "heatmap.html" in per_method[1] and "heatmap.html" not in per_run[1]
+    assert "plotly.min.js" in top[1] and not list(out.glob("*/**/plotly.min.js"))

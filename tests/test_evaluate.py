@@ -67,7 +67,7 @@ def test_dissociation_score() -> None:
     ]
     ret = pd.DataFrame(rows(0.8, 0.2, "rougeL"))
     ctl = pd.DataFrame(rows(0.5, 0.4, "contains"))
-    ds = dissociation_score(ret, ctl).set_index(["method", "k"])["ds"]
+    ds = dissociation_score(ret, ctl, control_metric="contains").set_index(["method", "k"])["ds"]
     assert ds[("locos", 5)] == pytest.approx((0.8 - 0.2) / 0.8 - (0.5 - 0.4) / 0.5)  # 0.55
     assert ds[("random", 5)] == pytest.approx(0.25 - 0.25)  # seeds averaged first
     with pytest.raises(ValueError, match="metric"):

@@ -197,14 +197,10 @@ def test_random_heads_exclude_and_top_k(organism) -> None:
     assert random_heads(2, 8, 15, seed=0, exclude=[(0, 0)]) == drawn
     with pytest.raises(HeadSpecError, match=r"exclude\[0\] = \(0.5, 0\) is not a head"):
         random_heads(2, 8, 1, seed=0, exclude=[(0.5, 0)])
-    with pytest.raises(HeadSpecError, match="k must be an integer"):
-        random_heads(2, 8, 1.5, seed=0)
     hs = HeadScores("locos", torch.arange(16.0).reshape(1, 2, 8))
     assert hs.top_k(2) == [(1, 7), (1, 6)]
     with pytest.raises(HeadSpecError, match="k must be >= 0, got -1"):
         hs.top_k(-1)  # used to return every head but the last
-    with pytest.raises(HeadSpecError, match="k must be an integer"):
-        hs.bottom_k(2.5)
 
 
 def _no_generation(monkeypatch) -> None:
@@ -213,17 +209,14 @@ def _no_generation(monkeypatch) -> None:
 
 
 @pytest.mark.parametrize("head_sets, k, msg", [
-    ({"m": ["12"]}, [1], r"head_sets\['m'\]\[0\] = '12' is not a head; " + FORMS),
+    ({"m": ["12"]}, [1], r"head_sets\['m'\]\[0\] = '12' is not a head; .*" + FORMS),
     ({"m": [(1.7, 2)]}, [1], r"head_sets\['m'\]\[0\] = \(1.7, 2\) is not a head"),
     ({"m": [(0, 1), "0-1"]}, [1], r"head_sets\['m'\]\[1\]: head \(0, 1\) is listed twice"),
     ({"m": (0, 1)}, [1], r"got a single pair \(0, 1\)"),
     ({"m": "L0H1"}, [1], "got the string 'L0H1'"),
-    ([(0, 0)], [1], r"head_sets must be a dict \{name: ranking\}"),
     ({"m": [(0, 0)]}, [0], r"k = 0 is out of range: each k must be in 1..16"),
     ({"m": [(0, 0)]}, [99999], r"k = 99999 is more heads than the model has: .*1..16"),
     ({"m": [(0, 0)]}, [4, 16, 20], r"k = 20 is more heads than the model has"),
-    ({"m": [(0, 0)]}, [1.5], "k must be an integer"),
-    ({"m": [(0, 0)]}, "1,2", "k must be an int or a list of ints"),
 ])
 def test_evaluate_refuses_before_generation(organism, org_trials, monkeypatch, tmp_path,
                                             head_sets, k, msg) -> None:
@@ -268,8 +261,6 @@ def test_score_trials_methods_as_one_string(organism, org_trials) -> None:
     assert list(one) == ["locos"]
     torch.testing.assert_close(one["locos"].trial_scores, ref["locos"].trial_scores,
                                equal_nan=True)
-    with pytest.raises(ValueError, match=r"method must be one method name, got \['locos'\]"):
-        score_trials(organism, org_trials[:1], method=["locos"], **kw)
 
 
 def test_compare_rankings_ks() -> None:
@@ -282,8 +273,7 @@ def test_compare_rankings_ks() -> None:
     pd.testing.assert_frame_equal(one, many)
     top = lambda s: set(np.argsort(-s.numpy().ravel(), kind="stable")[:3].tolist())  # noqa: E731
     assert one.loc[0, "top3_overlap"] == len(top(a) & top(b)) / 3
-    for bad, msg in ((0, "ks = 0 is out of range"), ([-1], "ks = -1 is out of range"),
-                     ([2.5], "ks must be an integer")):
+    for bad, msg in ((0, "ks = 0 is out of range"), ([-1], "ks = -1 is out of range")):
         with pytest.raises(HeadSpecError, match=msg):
             compare_rankings(a, b, ks=bad)
 
@@ -311,9 +301,6 @@ def test_plot_functions_parse_heads() -> None:
                      ((0, 8), "outside"), ([(0, 0)], r"\[\(0, 0\)\] is not a head")):
         with pytest.raises(HeadSpecError, match=msg):
             plot.reads_vs_writes(att, phi, toks, bad)
-    hs = HeadScores("locos", torch.arange(16.0).reshape(1, 2, 8))
-    with pytest.raises(HeadSpecError, match="k must be an integer"):
-        plot.layer_distribution(hs, k=1.5)
 
 
 # -- the CLI -------------------------------------------------------------------------
@@ -336,7 +323,7 @@ def test_cli_ablate_refuses_out_of_range_k(org_trials, tmp_path, k, msg) -> None
     save_trials(org_trials, tmp_path / "t.jsonl")
     res = _cli(["--heads", "m=L1H2", "--trials", str(tmp_path / "t.jsonl"), "--k", k,
                 "--mode", "query_zero", "--out", str(tmp_path / "run")])
-    assert res.exit_code == 2, res.output
+    assert res.exit_code == 2, (res.output, str(res.exception))
     assert " ".join(res.output.split()).count("error:") == 1
     import re
 

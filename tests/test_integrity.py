@@ -68,7 +68,7 @@ def test_other_trial_set_refused_cli(tiny_dirs, own_answer_trials, tmp_path):
     assert len((out / "trials.jsonl").read_text().splitlines()) == 1
 
 
-def test_method_layout_and_stale_folders_cli(tiny_dirs, own_answer_trials, tmp_path):
+def test_method_layout_and_stale_folders_cli(qwen3, tiny_dirs, own_answer_trials, tmp_path):
     trials = save_trials(own_answer_trials[:2], tmp_path / "t.jsonl")
     out = tmp_path / "run"
     args = ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
@@ -86,7 +86,7 @@ def test_method_layout_and_stale_folders_cli(tiny_dirs, own_answer_trials, tmp_p
     # back to two: both folders again, and every consumer reads the run
     assert runner.invoke(app, [*args, "wu,locos"]).exit_code == 0
     assert set(pd.read_csv(out / "scores.csv")["method"]) == {"locos", "wu"}
-    direct = _score(qwen3_of(tiny_dirs), own_answer_trials[:2], methods=["locos", "wu"])
+    direct = _score(qwen3, own_answer_trials[:2], methods=["locos", "wu"])
     assert load_head_scores(out).method == "locos"  # several methods: locos by default
     for m in ("locos", "wu"):
         for hs in (load_head_scores(out, m), load_head_scores(out / m)):
@@ -96,25 +96,14 @@ def test_method_layout_and_stale_folders_cli(tiny_dirs, own_answer_trials, tmp_p
         load_head_scores(out, "dla")
 
 
-_BRIDGES: dict = {}
-
-
-def qwen3_of(tiny_dirs):
-    """The session's tiny Qwen3 (the CLI loads its own copy from the same directory)."""
-    from locos_tl import load_model
-
-    if "q" not in _BRIDGES:
-        _BRIDGES["q"] = load_model(tiny_dirs["qwen3"], device="cpu")
-    return _BRIDGES["q"]
-
-
 def test_loader_reads_api_run_dirs(qwen3, own_answer_trials, tmp_path):
     """score_trials(out_dir=D) writes only records and meta.json: the loader aggregates
     them, for D and for D/<method>; several methods without locos need a choice."""
     res = _score(qwen3, own_answer_trials, methods=["wu", "headkv"], out_dir=tmp_path)
     for m in ("wu", "headkv"):
         hs = load_head_scores(tmp_path / m)
-        assert hs.method == m and hs.n_trials == res[m].n_trials == 3
+        assert hs.method == m and hs.n_trials == res[m].n_trials >= 1
+        assert hs.meta["n_accepted"] == res[m].meta["n_accepted"]
         assert torch.allclose(hs.scores, res[m].scores, atol=1e-12)
         assert hs.ranked() == res[m].ranked()
     with pytest.raises(LocosError, match="several methods") as info:
@@ -125,10 +114,9 @@ def test_loader_reads_api_run_dirs(qwen3, own_answer_trials, tmp_path):
     (tmp_path / "trials.jsonl").write_text(lines[0] + "\n")
     with pytest.raises(LocosError, match="unfinished run .1 of 3"):
         load_head_scores(tmp_path, "wu")
+    (tmp_path / "empty").mkdir()
     with pytest.raises(FileNotFoundError, match="no head scores"):
-        load_head_scores(tmp_path / "wu" / "..", None) if False else load_head_scores(
-            tmp_path.parent / "empty_dir_that_exists" if (tmp_path.parent / "x").mkdir(
-                exist_ok=True) else tmp_path.parent / "x")
+        load_head_scores(tmp_path / "empty")
 
 
 def test_api_rescore_with_fewer_methods_prunes(qwen3, own_answer_trials, tmp_path):
@@ -263,7 +251,7 @@ def test_nan_per_trial_scores_not_counted():
 
 
 def test_no_accepted_trial_warns_and_refuses_rankings(qwen3, own_answer_trials, tmp_path):
-    with pytest.warns(RuntimeWarning, match=r"0 of 3 \(3 failed the ROUGE-1 gate"):
+    with pytest.warns(RuntimeWarning, match=r"0 of 3 \(3 failed the gate"):
         hs = _score(qwen3, own_answer_trials, gate_threshold=1.0)
     assert hs.n_trials == 0 and torch.isnan(hs.scores).all()
     for rank in (lambda: hs.top_k(3), lambda: hs.bottom_k(3), hs.ranked):

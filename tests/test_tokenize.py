@@ -146,8 +146,6 @@ def test_bos_written_by_text_is_not_doubled_and_never_elsewhere(ckpts):
     assert own("<s>Hello there")["input_ids"][:2] == [bos, bos]  # what HF alone gives
     with pytest.raises(TrialError, match="BOS may only be at position 0"):
         encode_prompt(model, "Hello<s> there")
-    with pytest.raises(ValueError, match="unknown BOS policy"):
-        encode_prompt(model, "Hello", bos="always")  # type: ignore[arg-type]
     # A checkpoint without BOS: the same strings are plain text, kept as they are.
     _, model2, own2 = ckpts["nobos"]
     assert encode_prompt(model2, "Hello<s> there")[0] == own2("Hello<s> there")["input_ids"]
@@ -213,7 +211,7 @@ def test_builder_with_tokenizer_dir_matches_from_text_on_the_bridge(
     ns.write_text(json.dumps(NEEDLE_SET))
     out = tmp_path / "trials.jsonl"
     args = ["build-trials", "nolima", "--needle-set", str(ns), "--haystack", str(book_file),
-            "--tokenizer", str(d), "--lengths", "200,320", "--depths", "0,50,100",
+            "--tokenizer", str(d), "--lengths", "400,480", "--depths", "0,50,100",
             "--out", str(out), "--chat-template" if chat else "--no-chat-template"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
@@ -280,8 +278,12 @@ def test_corrupted_prompt_keeps_bos_at_zero_only(ckpts):
     assert c[:s] == list(t.tokens[:s]) and c[e:] == list(t.tokens[e:])
     assert c[s:e] == [fill[i % len(fill)] for i in range(e - s)]
     assert c[0] == bos and c.count(bos) == 1
-    swapped = corrupt_tokens(model.tokenizer, t, "name_swap", swap_names=["Gary", "Emma"])
+    swapped = corrupt_tokens(model.tokenizer, t, "name_swap", swap_names=["Gary", "fox", "book"])
     assert swapped[0] == bos and swapped.count(bos) == 1 and len(swapped) == len(t.tokens)
+    yuki, book = (own(w, add_special_tokens=False)["input_ids"] for w in (" Yuki", " book"))
+    assert len(yuki) == len(book) == 1 and yuki[0] in t.tokens[s:e]
+    assert swapped == [book[0] if x == yuki[0] and s <= i < e else x
+                       for i, x in enumerate(t.tokens)]
     with pytest.raises(TrialError, match="filler holds the BOS"):
         corrupt_tokens(model.tokenizer, t, "filler", filler=[fill[0], bos])
 

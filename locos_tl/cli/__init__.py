@@ -7,7 +7,9 @@ inside the command functions, so ``locos --help`` answers without loading them.
 
 from __future__ import annotations
 
-import click
+import inspect
+from typing import Any
+
 import typer
 from typer.core import TyperGroup
 
@@ -16,16 +18,31 @@ WORKFLOW_ORDER = ("build-trials", "score", "ablate", "patch", "calibrate", "demo
                   "train-organism")
 
 
-class _WorkflowGroup(TyperGroup):
-    def list_commands(self, ctx: click.Context) -> list[str]:
+class HelpGroup(TyperGroup):
+    """Commands listed in workflow order, each with its whole summary (wrapped, not cut
+    at the first period as click does with "et al.")."""
+
+    def list_commands(self, ctx: Any) -> list[str]:
         names = list(self.commands)
         rank = {n: i for i, n in enumerate(WORKFLOW_ORDER)}
         return sorted(names, key=lambda n: (rank.get(n, len(rank)), names.index(n)))
 
+    def format_commands(self, ctx: Any, formatter: Any) -> None:  # click's (or typer's)
+        rows = []
+        for name in self.list_commands(ctx):
+            cmd = self.get_command(ctx, name)
+            if cmd is None or cmd.hidden:
+                continue
+            text = cmd.short_help or inspect.cleandoc(cmd.help or "").split("\n\n")[0]
+            rows.append((name, " ".join(text.split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 app = typer.Typer(
     name="locos",
-    cls=_WorkflowGroup,
+    cls=HelpGroup,
     help="LOCOS retrieval-head detection on TransformerLens models (arXiv 2607.01002).",
     no_args_is_help=True,
     add_completion=False,

@@ -2,7 +2,7 @@
 loaded, Ctrl-C handling with a resume hint, resume notes, and HTML figures that share one
 ``plotly.min.js``.
 
-Only typer, click and the standard library are imported here at module level (the
+Only typer and the standard library are imported here at module level (the
 command line must start without torch, TransformerLens or plotly).
 """
 
@@ -16,10 +16,14 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, NoReturn
 
-import click
 import typer
 
 PLOTLY_JS = "plotly.min.js"
+
+# The click context class typer passes to a command's ``ctx`` parameter (typer >= 0.24
+# vendors click; `typer.Context` is a subclass used for annotations, not what it passes,
+# and the runtime type checks of the tests see the difference).
+ClickContext = typer.Context.__bases__[0]
 
 
 def fail(exc: Exception | str) -> NoReturn:
@@ -73,19 +77,19 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
-def resume_command(ctx: click.Context | None = None) -> str:
-    """The command line that reruns the current command with the same options.
+def resume_command(ctx: ClickContext) -> str:
+    """The command line that reruns the command of ``ctx`` (its click context) with the
+    same options.
 
     Rebuilt from the parsed parameters (options left at their default are omitted), so
     it is exact however the command was started.
     """
-    ctx = ctx or click.get_current_context()
     words = ["locos", *ctx.command_path.split()[1:]]
     for param in ctx.command.params:
-        if not isinstance(param, click.Option) or param.name is None:
+        if getattr(param, "param_type_name", "") != "option" or param.name is None:
             continue
         source = ctx.get_parameter_source(param.name)
-        if source in (None, click.core.ParameterSource.DEFAULT):
+        if source is None or source.name == "DEFAULT":
             continue
         value = ctx.params.get(param.name)
         if param.is_flag and param.secondary_opts:
@@ -93,22 +97,21 @@ def resume_command(ctx: click.Context | None = None) -> str:
         elif param.is_flag:
             if value:
                 words.append(param.opts[0])
-        elif value is None:
-            continue
-        else:
+        elif value is not None:
             for v in (value if param.multiple else [value]):
                 words += [param.opts[0], str(v)]
     return shlex.join(words)
 
 
 @contextmanager
-def resumable(out: Path) -> Iterator[None]:
-    """Turn Ctrl-C into a message with the command that resumes the run, and exit 130."""
+def resumable(out: Path, ctx: ClickContext) -> Iterator[None]:
+    """Turn Ctrl-C into a message with the command that resumes the run (``ctx``: the
+    command's click context), and exit with code 130."""
     try:
         yield
     except KeyboardInterrupt:
         typer.secho(f"\ninterrupted: the finished trials are saved in {out}/. To resume, run "
-                    f"the same command again:\n  {resume_command()}",
+                    f"the same command again:\n  {resume_command(ctx)}",
                     err=True, fg=typer.colors.YELLOW)
         raise typer.Exit(code=130) from None
 

@@ -14,6 +14,7 @@ import typer
 
 from locos_tl.cli import app
 from locos_tl.cli._common import (
+    ClickContext,
     check_choice,
     check_dtype,
     fail,
@@ -127,6 +128,7 @@ def calibrate(
 
 @app.command(short_help="Ablate each ranking's top-k heads; score the answers.")
 def ablate(
+    ctx: ClickContext,
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
     heads: Annotated[list[str], typer.Option(help="Head-score directory (`locos score` "
                                                   "output or a heads.json dir); NAME=DIR "
@@ -214,7 +216,7 @@ def ablate(
                                  n_ctx=getattr(bridge.cfg, "n_ctx", None))
         control_list = None if control is None else load_trials(
             control, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
-        with resumable(out):
+        with resumable(out, ctx):
             if mode.endswith("_mean") and mean_table is None:
                 if calib_texts is not None:
                     texts: list[Any] = list(calib_texts)
@@ -301,6 +303,7 @@ def write_dissociation(out: Path, df: Any, df_control: Any, *, control: Path,
 
 @app.command(short_help="Causal retrieval importance (CRI) by activation patching.")
 def patch(
+    ctx: ClickContext,
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
     trials: Annotated[Path, typer.Option(help="Trials file (JSON lines).", exists=True,
                                          dir_okay=False)],
@@ -341,7 +344,7 @@ def patch(
                                  n_ctx=getattr(bridge.cfg, "n_ctx", None))
         ids = {t.trial_id for t in trial_list}
         note_resume(out, len(ids & set(stored_records(out))), len(trial_list))
-        with resumable(out):
+        with resumable(out, ctx):
             cri = patch_heads(bridge, trial_list, corruption=corruption,  # type: ignore[arg-type]
                               batch_size=batch_size, chunk_size=chunk_size,
                               answer_position=answer_position,  # type: ignore[arg-type]

@@ -9,6 +9,7 @@ import typer
 
 from locos_tl.cli import app
 from locos_tl.cli._common import (
+    ClickContext,
     check_choice,
     check_dtype,
     check_methods,
@@ -137,6 +138,7 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
 
 @app.command(short_help="Score every attention head: LOCOS and the baselines.")
 def score(
+    ctx: ClickContext,
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
     trials: Annotated[Path, typer.Option(help="JSON lines: prompt, needle, answer (or "
                                               "records written by `locos build-trials`).",
@@ -181,7 +183,7 @@ def score(
     check_dtype(dtype)
     try:
         placement = _parse_device_map(device_map)
-        with resumable(out):
+        with resumable(out, ctx):
             result = _run_score(model, trials, out, methods=methods, variant=variant,
                                 max_new_tokens=max_new_tokens, device=device, dtype=dtype,
                                 workers=workers, ray_address=ray_address,

@@ -12,11 +12,12 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-from locos_tl.cli import app
+from locos_tl.cli import HelpGroup, app
 from locos_tl.errors import LocosError
 
 build_app = typer.Typer(
     name="build-trials",
+    cls=HelpGroup,
     help="Build retrieval trials (exact prompt lengths and needle spans) as JSON lines.",
     no_args_is_help=True,
 )

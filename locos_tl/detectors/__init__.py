@@ -25,7 +25,7 @@ DETECTORS: dict[str, type[Detector]] = {
 }
 
 
-def get_detector(name: str, span: SpanName | None = None) -> Detector:
+def get_detector(name: str, span: str | None = None) -> Detector:
     """Instantiate the detector registered as ``name``.
 
     Args:

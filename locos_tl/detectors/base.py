@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
-import torch
 from jaxtyping import Float
 from torch import Tensor
 
@@ -70,11 +69,11 @@ class Detector:
     span: SpanName = "needle"
     prompt_window: ClassVar[int] = 0
 
-    def __init__(self, span: SpanName | None = None) -> None:
+    def __init__(self, span: str | None = None) -> None:
         if span is not None:
             if span not in SPAN_NAMES:
                 raise ValueError(f"{self.name}: unknown span {span!r}; use 'needle' or 'answer'")
-            self.span = span
+            self.span = span  # type: ignore[assignment]
 
     def step_value(
         self, step: DecodeStep, needle_span: tuple[int, int]

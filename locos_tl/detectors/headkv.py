@@ -74,7 +74,7 @@ class HeadKV(Detector):
 
 def anchor_mass(
     rows: Float[Tensor, "... pos"], needle_span: tuple[int, int]
-) -> Float[Tensor, "..."]:
+) -> Float[Tensor, ...]:
     """Attention mass of each row on the span ``[s, e)`` (probability).
 
     Raises:

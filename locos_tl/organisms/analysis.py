@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from locos_tl.head_spec import parse_heads
+from locos_tl.head_spec import HeadLike, parse_heads
 from locos_tl.organisms import vocab as V
 from locos_tl.organisms.tasks import (
     ContextSpec,
@@ -142,7 +142,7 @@ def head_means(model: Any, items: Sequence[Any]) -> torch.Tensor:
 @contextlib.contextmanager
 def ablate_heads(
     model: Any,
-    heads: Sequence[Head],
+    heads: Sequence[HeadLike],
     mode: Literal["zero", "mean"] = "zero",
     means: torch.Tensor | None = None,
 ) -> Iterator[None]:

@@ -1,4 +1,5 @@
-"""NIAH probes: parsing and trials whose span is the ``real_needle`` part."""
+"""NIAH probes: parsing, and trials whose needle span is the whole needle sentence and
+whose answer span is the ``real_needle`` part."""
 
 from __future__ import annotations
 
@@ -39,13 +40,18 @@ def test_fixture_probe_file(niah_file):
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(length=st.integers(200, 3000), depth=st.floats(0, 100), probe=st.integers(0, 2),
        chat=st.booleans())
-def test_niah_span_is_real_needle(tokenizer, haystacks, shared_probes, length, depth, probe,
-                                  chat):
+def test_niah_spans_whole_needle_and_real_needle(tokenizer, haystacks, shared_probes, length,
+                                                 depth, probe, chat):
     p = shared_probes[probe]
     (t,) = build_niah_trials(tokenizer, [p], haystacks[:1], lengths=[length], depths=[depth],
                              chat_template=chat, builder=builder_for(tokenizer))
     assert len(t.tokens) == length
-    s, e = t.needle_span
+    ns, ne = t.needle_span  # the whole needle sentence, minimal
+    assert p.needle in tokenizer.decode(list(t.tokens[ns:ne]))
+    assert p.needle not in tokenizer.decode(list(t.tokens[ns + 1:ne]))
+    assert p.needle not in tokenizer.decode(list(t.tokens[ns:ne - 1]))
+    s, e = t.answer_span  # the real_needle part, inside the needle
+    assert ns <= s < e <= ne
     dec = tokenizer.decode(list(t.tokens[s:e]))
     assert p.answer in dec
     # minimal: dropping an edge token loses part of the answer
