@@ -48,6 +48,7 @@ from locos_tl.decode import prefill
 from locos_tl.errors import TrialError
 from locos_tl.head_spec import HeadLike, as_int, parse_heads
 from locos_tl.heads import Head
+from locos_tl.interventions import intervene
 from locos_tl.tokenize import BosPolicy
 
 AblationMode = Literal["query_mean", "query_zero", "output_mean", "output_zero"]
@@ -359,9 +360,12 @@ def ablate(
     authors' hook, which on OLMo also changes the other heads of the layer (module
     docstring; docs/concepts.md, "Ablation on OLMo").
 
-    Generation inside the block must run every position through the bridge
-    (``greedy_decode(..., prefill_mode="bridge")``): the fast SDPA prefill twin does
-    not fire TransformerLens hooks.
+    The hooks are registered interventions (:func:`locos_tl.interventions.intervene`):
+    the bridge runs them as TransformerLens hooks (the reference), and the fast SDPA
+    twin runs the same functions as module hooks on ``q_proj`` (output), ``q_norm``
+    (shared norm) or ``o_proj`` (input), so :func:`locos_tl.decode.prefill` keeps the
+    twin inside the block unless a hook the twin cannot reproduce (e.g. one a user
+    attached) is also attached.
 
     Args:
         model: a TransformerBridge.
@@ -382,7 +386,7 @@ def ablate(
         ...     logits = model(tokens)
     """
     hooks = ablation_hooks(model, heads, mode, means)
-    with model.hooks(fwd_hooks=hooks):  # removes exactly these hooks on exit / exception
+    with intervene(model, hooks):  # removes exactly these hooks on exit / exception
         yield model
 
 

@@ -5,7 +5,8 @@ a trial is kept when the ROUGE-1 recall of the response against the gold answer 
 > 0.5 (``rouge_score``, stemmer on); its answer steps are the first exact contiguous
 occurrence of the tokenized gold answer (with or without a leading space) in the
 generated ids, else the steps whose characters overlap a case-insensitive match of
-the answer in the response.
+the answer in the response. Steps inside a ``<think> ... </think>`` reasoning block are
+never answer steps (the search starts after the block, :func:`response_start`).
 """
 
 from __future__ import annotations

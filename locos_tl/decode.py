@@ -30,6 +30,7 @@ from torch import Tensor
 
 from locos_tl.answers import think_token_ids
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
+from locos_tl.interventions import hooks_reproducible
 from locos_tl.kernel import phi_layer
 from locos_tl.twin import sdpa_twin
 from locos_tl.unembed import AnswerDirections
@@ -162,7 +163,8 @@ def prefill(
 
     Args:
         mode: ``"sdpa"`` (twin model, fastest), ``"bridge"`` (the bridge's own eager
-            forward), or ``"auto"`` (twin when available and no hook is attached).
+            forward), or ``"auto"`` (twin when available and every attached hook is a
+            registered intervention it reproduces, :mod:`locos_tl.interventions`).
         chunk_size: queries per forward. Default: the whole prompt for the SDPA twin
             (its causal kernel never forms an ``N x N`` tensor, so memory is linear and
             one call is fastest) and 1024 for the bridge, whose eager attention forms
@@ -176,8 +178,8 @@ def prefill(
     cache = _new_cache(model)
     if tokens.shape[1] == 0:
         return cache
-    if mode == "auto" and _hooks_attached(model):  # e.g. inside `ablate`: the twin
-        mode = "bridge"  # fires no TransformerLens hook, so prefill through the bridge
+    if mode == "auto" and not hooks_reproducible(model):  # a hook the twin cannot run
+        mode = "bridge"  # (e.g. a user's TL hook): prefill through the bridge, where it fires
     twin = sdpa_twin(model) if mode in ("auto", "sdpa") else None
     if mode == "sdpa" and twin is None:
         raise ValueError("no SDPA twin can be built for this model; use prefill='bridge'")

@@ -795,8 +795,9 @@ class AblatedGenerationTask:
     """One greedy generation of ``trial`` with ``heads`` ablated (``mode``), run on a
     :class:`ModelHost`; returns ``{"response", "generated", "stopped_by"}``.
 
-    The prompt is prefilled through the bridge so the ablation hooks fire at every
-    position (see :func:`locos_tl.ablation.ablate`).
+    The ablation acts at every position: the prompt is prefilled on the SDPA twin with
+    the same hooks as module hooks, or through the bridge (see
+    :func:`locos_tl.ablation.ablate`, :mod:`locos_tl.interventions`).
     """
 
     heads: tuple[tuple[int, int], ...]
@@ -816,7 +817,7 @@ class AblatedGenerationTask:
         with ablate(host.model, list(self.heads), self.mode, means=self.means):  # type: ignore[arg-type]
             res = greedy_decode(host.model, self.trial.tokens,
                                 max_new_tokens=self.max_new_tokens,
-                                stop_at_newline=self.stop_at_newline, prefill_mode="bridge",
+                                stop_at_newline=self.stop_at_newline, prefill_mode="auto",
                                 chunk_size=self.chunk_size,
                                 stop_rule=self.stop_rule,  # type: ignore[arg-type]
                                 thinking=self.thinking)

@@ -24,6 +24,10 @@ class NonFiniteError(TrialError):
     an fp16 overflow: the trial cannot be scored."""
 
 
+class NoAcceptedTrialError(LocosError, ValueError):
+    """A score set has no accepted trial (every head score is NaN): it cannot be ranked."""
+
+
 class HeadSpecError(LocosError, ValueError):
     """An argument naming attention heads (or a head count ``k``) is malformed or outside
     the model; see :mod:`locos_tl.head_spec` for the accepted forms."""

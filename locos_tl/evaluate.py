@@ -184,7 +184,9 @@ def evaluate(
 
     Every generation is free greedy decoding (at most ``max_new_tokens``) with the
     ablation active at every prompt position and every generated token (the prompt is
-    prefilled through the bridge so the hooks fire).
+    prefilled on the fast SDPA twin with the same interventions as module hooks, or
+    through the bridge when a hook the twin cannot run is attached;
+    :mod:`locos_tl.interventions`).
 
     Args:
         model: a TransformerBridge.
@@ -326,7 +328,7 @@ def evaluate(
         with ablate(model, list(heads), mode, means=means):
             for t in pending:
                 res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
-                                    stop_at_newline=stop_at_newline, prefill_mode="bridge",
+                                    stop_at_newline=stop_at_newline, prefill_mode="auto",
                                     chunk_size=chunk_size, stop_rule=stop_rule,
                                     thinking=thinking)
                 keep(key, t, res.text, res.generated, res.stopped_by)

@@ -22,7 +22,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.errors import DataFormatError, LocosError
+from locos_tl.errors import DataFormatError, NoAcceptedTrialError
 from locos_tl.head_spec import as_count
 
 Head = tuple[int, int]
@@ -38,7 +38,8 @@ class HeadScores:
     """Scores of every attention head under one method.
 
     Attributes:
-        method: ``"locos"``, ``"wu"``, ``"headkv"``, ``"attention_spatial"``, ``"dla"``,
+        method: ``"locos"``, ``"wu"``, ``"headkv"``, ``"headkv_anchor"``,
+            ``"attention_spatial"``, ``"dla"``,
             ``"cri"``, or another name.
         trial_scores: ``[n_trials, n_layers, n_heads]`` per accepted trial (NaN where a
             head has no value for a trial). Units: logits for ``locos``/``dla``/``cri``,
@@ -127,9 +128,11 @@ class HeadScores:
         rng = np.random.default_rng(self.seed)
         flat = self.trial_scores.reshape(n, -1).numpy()
         means = np.empty((n_resamples, flat.shape[1]))
-        for i in range(0, n_resamples, 100):
-            idx = rng.integers(0, n, size=(min(100, n_resamples - i), n))
-            means[i : i + len(idx)] = np.nanmean(flat[idx], axis=1)
+        with warnings.catch_warnings():  # a resample holding only NaN for a head: NaN,
+            warnings.simplefilter("ignore", RuntimeWarning)  # which nanquantile skips
+            for i in range(0, n_resamples, 100):
+                idx = rng.integers(0, n, size=(min(100, n_resamples - i), n))
+                means[i : i + len(idx)] = np.nanmean(flat[idx], axis=1)
         a = (1 - level) / 2
         low, high = np.nanquantile(means, [a, 1 - a], axis=0)
         return (torch.from_numpy(low).reshape(shape), torch.from_numpy(high).reshape(shape))
@@ -139,17 +142,18 @@ class HeadScores:
         """Refuse to rank a score set in which no head has a score.
 
         Raises:
-            LocosError: no accepted trial (or every score NaN): an order would only be
-                the head index order. The message gives the drop counts in ``meta``.
+            NoAcceptedTrialError: (a :class:`LocosError` and ``ValueError``) no
+                accepted trial, or every score NaN: an order would only be the head
+                index order. The message gives the drop counts in ``meta``.
         """
         if self.n_trials and not bool(torch.isnan(self.scores).all()):
             return
         m = self.meta
         counts = ", ".join(f"{k[len('n_dropped_'):]}: {m[k]}" for k in sorted(m)
                            if k.startswith("n_dropped_") and m[k])
-        raise LocosError(
-            f"cannot rank the {self.method!r} heads: no trial contributed a score "
-            f"({self.n_trials} accepted of {m.get('n_trials', '?')} trials"
+        raise NoAcceptedTrialError(
+            f"cannot rank the {self.method!r} heads: no accepted trial contributed a score "
+            f"({self.n_trials} of {m.get('n_trials', '?')} trials"
             + (f"; dropped {counts}" if counts else "") + "), so every head score is NaN. "
             "Check the responses in the run's trials.jsonl (records_frame()), use trials "
             "the model answers, or a larger max_new_tokens"

@@ -38,12 +38,14 @@ from locos_tl.answers import answer_steps, answer_token_variants
 from locos_tl.decode import DecodeStep, greedy_decode
 from locos_tl.errors import TrialError
 from locos_tl.heads import HeadScores
+from locos_tl.interventions import intervene
 from locos_tl.models import model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
 from locos_tl.tokenize import check_no_bos, encode_fragment
 from locos_tl.trials import Trial, trial_set_hash
+from locos_tl.twin import sdpa_twin
 
 Corruption = Literal["filler", "name_swap"]
 CORRUPTIONS: tuple[str, ...] = get_args(Corruption)
@@ -144,18 +146,26 @@ def _last_logits(
     fwd_hooks: Sequence[tuple[str, Callable]] = (),
     state: dict[str, int] | None = None,
 ) -> Float[Tensor, "batch d_vocab"]:
-    """Run ``ids[:, start:]`` through the bridge in query chunks on top of ``cache`` (which
-    must hold positions ``[0, start)``; a fresh cache by default) and return the last
-    position's logits. ``state["start"]`` holds each chunk's first absolute position, for
+    """Run ``ids[:, start:]`` in query chunks on top of ``cache`` (which must hold
+    positions ``[0, start)``; a fresh cache by default) and return the last position's
+    logits. ``fwd_hooks`` are registered interventions
+    (:func:`locos_tl.interventions.intervene`): the forwards run on the SDPA twin with
+    the same hooks as module hooks when it reproduces everything attached, else through
+    the bridge. ``state["start"]`` holds each chunk's first absolute position, for
     position-aware hooks."""
     cache = _new_cache(model) if cache is None else cache
     logits = None
-    with model.hooks(fwd_hooks=list(fwd_hooks)):
+    with intervene(model, list(fwd_hooks)) as engine:  # the twin runs the same hooks
+        twin = sdpa_twin(model) if engine == "twin" else None
         for i in range(start, ids.shape[1], chunk_size):
             if state is not None:
                 state["start"] = i
-            logits = model(ids[:, i : i + chunk_size], past_key_values=cache, use_cache=True,
-                           logits_to_keep=1)
+            chunk = ids[:, i : i + chunk_size]
+            if twin is not None:
+                logits = twin(chunk, past_key_values=cache, use_cache=True,
+                              logits_to_keep=1).logits
+            else:
+                logits = model(chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
     if logits is None:
         raise ValueError(f"nothing to run: start={start} >= {ids.shape[1]} positions")
     return logits[:, -1].float()

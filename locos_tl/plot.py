@@ -44,6 +44,7 @@ METHOD_COLORS: dict[str, str] = {
     "locos": "#d62728",
     "wu": "#1f77b4",
     "headkv": "#9467bd",
+    "headkv_anchor": "#c5b0d5",
     "attention_spatial": "#ff7f0e",
     "dla": "#8c564b",
     "cri": "#2ca02c",

@@ -24,7 +24,9 @@ def test_score_writes_all_outputs(tiny_dirs, own_answer_trials, tmp_path):
     assert len(df) == 2 * 4 and set(df["variant"]) == {"exact"} and set(df["n_trials"]) == {3}
     assert "L" in res.output and "top 10 heads (3 of 3 trials accepted)" in res.output
     html = (out / "locos" / "heatmap.html").read_text()
-    assert "RdBu" in html and "L%{" not in html and "Layer" in html
+    # RdBu (red to blue, centred at 0), written out: plotly.js is no longer inlined
+    assert "rgb(103,0,31)" in html and "rgb(5,48,97)" in html
+    assert "L%{" not in html and "Layer" in html
     assert len(json.loads((out / "locos" / "heads.json").read_text())["0-0"]) == 3
 
 

@@ -254,11 +254,17 @@ def test_evaluate_head_forms_default_k_and_skipped_k(organism, org_trials, tmp_p
 
 def test_score_trials_methods_as_one_string(organism, org_trials) -> None:
     from locos_tl import score_trials
+    from locos_tl.decode import greedy_decode
 
-    kw = dict(max_new_tokens=2, progress=False)
-    one = score_trials(organism, org_trials[:1], methods="locos", **kw)  # was "unknown method 'l'"
-    ref = score_trials(organism, org_trials[:1], methods=["locos"], **kw)
-    assert list(one) == ["locos"]
+    # the gold answer is a word of the model's own response, so the trial is accepted
+    t = org_trials[0]
+    word = greedy_decode(organism, t.tokens, max_new_tokens=3).text.split()[0]
+    trials = [Trial(tokens=t.tokens, needle_span=t.needle_span, answer=word)]
+    kw = dict(max_new_tokens=3, progress=False)
+    one = score_trials(organism, trials, methods="locos", **kw)  # was "unknown method 'l'"
+    ref = score_trials(organism, trials, methods=["locos"], **kw)
+    assert list(one) == ["locos"] and one["locos"].n_trials == 1
+    assert torch.isfinite(one["locos"].trial_scores).all()
     torch.testing.assert_close(one["locos"].trial_scores, ref["locos"].trial_scores,
                                equal_nan=True)
 

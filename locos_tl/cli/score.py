@@ -146,7 +146,7 @@ def score(
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
     variant: Annotated[str, typer.Option(help="raw (paper) or exact (norms frozen).")] = "raw",
     method: Annotated[str, typer.Option(help="Comma-separated methods: locos, wu, headkv, "
-                                             "attention_spatial, dla.")] = "locos",
+                                             "headkv_anchor, attention_spatial, dla.")] = "locos",
     max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 50,
     stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
                                                 "bare newline token stops) or "

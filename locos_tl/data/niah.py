@@ -32,6 +32,11 @@ NIAH_TASK_TEMPLATE = (
 )
 #: System prompt used for NIAH probes.
 NIAH_SYSTEM_PROMPT = "You are a helpful assistant."
+#: The LOCOS release's NIAH prompt (docs/concepts.md, protocol table): the context,
+#: then the question, no system prompt (pass ``system_prompt=""``).
+NIAH_RELEASE_TASK_TEMPLATE = (
+    "{haystack}Based on the content of the book, Question: {question}\nAnswer:"
+)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,198 @@
+"""Ablation and activation patching run on the fast SDPA twin, equal to the bridge's hooks.
+
+Issue 10 item 2: the TransformerLens hook path on the bridge is the reference; the twin
+runs the same hook functions as module hooks (``q_proj`` output, OLMo's shared
+``q_norm``, ``o_proj`` input). In float32 on Qwen3 (a sliding layer), Gemma-3 (window 8,
+shorter than the 40-token prompt), OLMo-2 (shared query norm) and Llama: ablated logits
+at every position, ablated greedy tokens and step logits, and CRI records equal the
+bridge path to 1e-5. A hook the twin cannot run (a user's) routes through the bridge.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from locos_tl import Trial, load_model
+from locos_tl.ablation import ABLATION_MODES, ablate, calibrate_means
+from locos_tl.decode import greedy_decode, prefill
+from locos_tl.interventions import engine, fast_path_ok, hooks_reproducible, intervene
+from locos_tl.patching import cri_trial
+from locos_tl.tiny import make_tiny_checkpoint
+from locos_tl.twin import sdpa_twin
+
+SHORT_WINDOWS = {
+    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+    "gemma3": dict(sliding_window=8),
+    "olmo2": {},
+    "llama": {},
+}
+HEADS = [(0, 1), (1, 0), (1, 3)]  # two heads in layer 1 (both kv groups), one in layer 0
+PROMPT = torch.randint(1, 380, (1, 40), generator=torch.Generator().manual_seed(5))
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    """``(bridge, calibration means)`` of a tiny float32 checkpoint per architecture."""
+    from locos_tl.tiny import byte_bpe_tokenizer
+
+    root = tmp_path_factory.mktemp("fastint")
+    tok = byte_bpe_tokenizer()
+    cache: dict[str, tuple] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            d = make_tiny_checkpoint(arch, root / arch, seed=3, tokenizer=tok,
+                                     **SHORT_WINDOWS[arch])
+            model = load_model(d, device="cpu", dtype="float32")
+            means = calibrate_means(model, [PROMPT[0, :30].tolist(), list(range(7, 50))])
+            cache[arch] = (model, means)
+        return cache[arch]
+
+    return get
+
+
+class _Calls:
+    """Counts forwards of the twin (a torch hook on the twin, not on the bridge)."""
+
+    def __init__(self, model):
+        self.n = 0
+        self.handle = sdpa_twin(model).register_forward_pre_hook(self._count)
+
+    def _count(self, *_):
+        self.n += 1
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.handle.remove()
+
+
+def _noop(x, hook):  # a user's hook: changes nothing, but the twin cannot run it
+    return None
+
+
+def _no_twin_hooks(model) -> bool:
+    return not any(m._forward_hooks or m._forward_pre_hooks
+                   for m in sdpa_twin(model).modules())
+
+
+@pytest.mark.parametrize("mode", ABLATION_MODES)
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_ablated_forward_on_twin_equals_bridge(windowed, arch, mode):
+    model, means = windowed(arch)
+    twin = sdpa_twin(model)
+    with torch.no_grad():
+        clean = twin(PROMPT).logits[0]
+        with ablate(model, HEADS, mode, means=means):
+            assert engine(model) == "twin" and fast_path_ok(model)
+            fast = twin(PROMPT).logits[0]  # [pos, vocab]: every position
+            ref = model(PROMPT, return_type="logits")[0]
+    torch.testing.assert_close(fast, ref, atol=1e-5, rtol=0)
+    assert (fast - clean).abs().max() > 1e-2  # the ablation acts on the twin
+    assert _no_twin_hooks(model) and hooks_reproducible(model)
+
+
+@pytest.mark.parametrize("mode", ABLATION_MODES)
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_ablated_greedy_decode_on_twin_equals_bridge(windowed, arch, mode):
+    model, means = windowed(arch)
+    runs = {}
+    for prefill_mode in ("auto", "bridge"):
+        logits = []
+        with ablate(model, HEADS, mode, means=means), _Calls(model) as calls:
+            res = greedy_decode(model, PROMPT[0].tolist(), max_new_tokens=6,
+                                stop_at_newline=False, stop_at_eos=False,
+                                prefill_mode=prefill_mode,
+                                on_step=lambda s, out=logits: out.append(s.logits))
+        assert calls.n == (1 if prefill_mode == "auto" else 0)
+        runs[prefill_mode] = (res.generated, torch.stack(logits))
+    assert runs["auto"][0] == runs["bridge"][0]
+    torch.testing.assert_close(runs["auto"][1], runs["bridge"][1], atol=1e-5, rtol=0)
+    plain = []
+    greedy_decode(model, PROMPT[0].tolist(), max_new_tokens=1, prefill_mode="bridge",
+                  on_step=lambda s: plain.append(s.logits))
+    assert (runs["auto"][1][0] - plain[0]).abs().max() > 1e-2  # step 1 is ablated
+
+
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_patched_cri_on_twin_equals_bridge(windowed, arch):
+    model, _ = windowed(arch)
+    trial = Trial(tokens=PROMPT[0].tolist(), needle_span=(12, 20), answer="Yuki")
+    kw = dict(answer_position="prompt_end", batch_size=3, chunk_size=16)
+    with _Calls(model) as calls:
+        fast = cri_trial(model, trial, **kw)
+    # clean, corrupted, ceil(8 heads / 3) patched runs, and the shared prefix, in
+    # 16-query chunks over the 28 positions after the prefix (2 chunks each)
+    assert fast["shared_prefix"] == 12 and calls.n == 1 + 2 * (2 + 3)
+    with model.hooks(fwd_hooks=[("hook_embed", _noop)]), _Calls(model) as calls:
+        assert engine(model) == "bridge"
+        ref = cri_trial(model, trial, **kw)
+    assert calls.n == 0
+    assert fast["accepted"] and ref["accepted"] and fast["gold"] == ref["gold"]
+    assert fast["counterfactual"] == ref["counterfactual"]
+    for key in ("metric_clean", "metric_corrupted"):
+        assert fast[key] == pytest.approx(ref[key], abs=1e-5, rel=0)
+    a = torch.tensor(fast["scores"]["cri"])
+    b = torch.tensor(ref["scores"]["cri"])
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=0)
+    assert a.abs().max() > 1e-3  # patching moves the metric
+    assert _no_twin_hooks(model)
+
+
+def test_user_hook_forces_the_bridge_and_still_fires(windowed):
+    model, means = windowed("qwen3")
+    ids = PROMPT[:, :-1]
+    calls: list[str] = []
+
+    def user(x, hook):  # the user's own intervention: zero head 2's output at layer 0
+        calls.append(hook.name)
+        x = x.clone()
+        x[:, :, 2] = 0.0
+        return x
+
+    with ablate(model, HEADS, "query_mean", means=means):
+        with _Calls(model) as n:
+            base = prefill(model, ids)  # on the twin
+        assert n.n == 1
+        with model.hooks(fwd_hooks=[("blocks.0.attn.hook_z", user)]):
+            assert engine(model) == "bridge" and not hooks_reproducible(model)
+            with _Calls(model) as n:
+                got = prefill(model, ids)  # auto -> bridge, the user's hook fires
+            assert n.n == 0 and calls
+            ref = prefill(model, ids, mode="bridge", chunk_size=7)
+        assert engine(model) == "twin"
+    # layer 1's cache sees the user's change of layer 0; auto equals the bridge path
+    torch.testing.assert_close(got.layers[1].keys, ref.layers[1].keys, atol=1e-5, rtol=0)
+    assert (got.layers[1].keys - base.layers[1].keys).abs().max() > 1e-3
+
+
+def test_plain_torch_hook_on_the_bridge_forces_the_bridge(windowed):
+    model, _ = windowed("llama")
+    attn = model.original_model.model.layers[0].self_attn
+    handle = attn.register_forward_hook(lambda *a: None)
+    try:
+        assert engine(model) == "bridge"
+    finally:
+        handle.remove()
+    assert engine(model) == "twin"
+
+
+def test_hook_without_twin_equivalent_warns_and_uses_the_bridge(windowed):
+    model, _ = windowed("llama")
+    with pytest.warns(RuntimeWarning, match="no module-hook equivalent"):
+        with intervene(model, [("blocks.0.hook_resid_pre", _noop)]) as eng:
+            assert eng == "bridge" == engine(model)
+    assert engine(model) == "twin"
+
+
+def test_hooks_removed_on_exception(windowed):
+    model, means = windowed("olmo2")
+    with pytest.raises(RuntimeError, match="boom"):
+        with ablate(model, HEADS, "query_mean", means=means):
+            assert not _no_twin_hooks(model)  # q_norm hooks on the shared norm
+            raise RuntimeError("boom")
+    assert _no_twin_hooks(model)
+    assert not any(hp.fwd_hooks for hp in model.hook_points())
+    assert engine(model) == "twin"
