@@ -56,7 +56,7 @@ def compare_rankings(
 
     Args:
         a, b: :class:`HeadScores` (their mean ``scores``) or ``[n_layers, n_heads]`` arrays.
-        ks: the k of the top-k overlaps (an int or a list of ints >= 1).
+        ks: the k of the top-k overlaps (an int or a list of ints >= 1; may be empty).
 
     Returns:
         One row per bucket (``all``, ``early``, ``middle``, ``late``): ``layers``,
@@ -66,7 +66,7 @@ def compare_rankings(
     Raises:
         ValueError: shapes differ or are not 2-D; a k that is not an integer >= 1.
     """
-    ks = parse_ks(ks, what="ks")
+    ks = parse_ks(ks, what="ks", allow_empty=True)
     A, B = _as_array(a), _as_array(b)
     if A.shape != B.shape:
         raise ValueError(f"score shapes differ: {A.shape} vs {B.shape}")

@@ -2,15 +2,22 @@
 
 One pass feeds every detector: the prompt is prefilled once (fast SDPA twin of the HF
 model sharing the bridge's weight tensors, or the bridge itself in query chunks), then
-each decode step runs through the TransformerBridge with hooks on
-``blocks.{l}.attn.hook_pattern`` (only the query row is kept) and the norm scales; values
-are read from the KV cache (they equal ``hook_v``). Rows and values are aligned to
-absolute key positions on every layer: a sliding-window layer's row covers only the last
-``window`` keys, and its cache drops the oldest of them during the step's update, so its
-values are the cache before the update plus the step's new value (the authors' release
-indexes the window-sliced row with absolute positions; docs/concepts.md). Memory is
-linear in context length: no ``N x N`` tensor is kept, and the bridge's eager attention
-sees at most ``chunk_size x N`` scores at a time (SDPA twin: one causal call, linear memory).
+each decode step runs on one of two engines (``decode_engine``): the *eager twin* (a
+plain HF model sharing the bridge's tensors, :mod:`locos_tl.twin`, called with
+``output_attentions=True``: a query of length 1 costs one ``[n_heads, N]`` row per layer;
+norm scales from light module pre-hooks), or the TransformerBridge with hooks on
+``blocks.{l}.attn.hook_pattern`` (only the query row is kept) and the norm scales -- the
+reference every fast path is tested against (``tests/test_fast_decode.py``), used
+whenever a hook is attached to the bridge or no twin exists. Values are read from the KV
+cache (they equal ``hook_v``). A step makes one host read (the token id, which decides
+stopping; a non-finite check is folded into it); rows, values and phi stay on the device.
+Rows and values are aligned to absolute key positions on every layer: a sliding-window
+layer's row covers only the last ``window`` keys, and its cache drops the oldest of them
+during the step's update, so its values are the cache before the update plus the step's
+new value (the authors' release indexes the window-sliced row with absolute positions;
+docs/concepts.md). Memory is linear in context length: no ``N x N`` tensor is kept, and
+the bridge's eager attention sees at most ``chunk_size x N`` scores at a time (SDPA
+twin: one causal call, linear memory).
 
 Decoding step ``t`` is the forward position whose logits choose ``y_t``: step 1 is the
 last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (docs/concepts.md).
@@ -30,15 +37,18 @@ from torch import Tensor
 
 from locos_tl.answers import think_token_ids
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
+from locos_tl.interventions import engine as intervention_engine
 from locos_tl.interventions import hooks_reproducible
 from locos_tl.kernel import phi_layer
-from locos_tl.twin import sdpa_twin
+from locos_tl.twin import sdpa_twin, twin_info
 from locos_tl.unembed import AnswerDirections
 
 log = logging.getLogger(__name__)
 
 StopRule = Literal["newline_token", "contains_newline"]
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
+DecodeEngine = Literal["auto", "twin", "bridge"]
+DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
 
 
 def check_stop_rule(rule: str) -> StopRule:
@@ -84,7 +94,8 @@ class DecodeStep:
             probability; zero-padded on the left for sliding-window layers).
         values: per layer, ``[N_t, n_kv_heads, d_head]`` values at absolute key
             positions (zeros before a sliding window, where the pattern is zero too).
-        scales: norm ``hook_scale`` values at the query position (``exact`` variant).
+        scales: norm ``hook_scale`` values at the query position (``exact`` variant),
+            0-d device tensors (no host read).
         logits: the step's output logits, ``[d_vocab]``.
         thinking: this step's token belongs to a ``<think> ... </think>`` block (its
             markers included); such a step is never an answer step.
@@ -94,12 +105,13 @@ class DecodeStep:
     token: int
     key_tokens: Tensor
     pattern: Float[Tensor, "n_layers n_heads pos"]
-    values: list[Tensor]
-    scales: dict[str, float]
+    values: Sequence[Tensor]
+    scales: dict[str, Any]
     logits: Tensor
     thinking: bool = False
     _W_O: list[Tensor] = field(repr=False, default_factory=list)
     _directions: AnswerDirections | None = field(repr=False, default=None)
+    _kv: list[Tensor] | None = field(repr=False, default=None)  # [n_kv, K_l, d_head]
 
     @property
     def n_keys(self) -> int:
@@ -111,6 +123,8 @@ class DecodeStep:
         if self._directions is None:
             raise RuntimeError("this step was captured without answer directions")
         u = self._directions(self.token, self.scales)
+        if self._kv is not None:
+            return _phi_all_layers(self.pattern, self._kv, self._W_O, u)
         out = []
         for layer, v in enumerate(self.values):
             # under a device_map split each layer's values and W_O live on that layer's
@@ -120,6 +134,52 @@ class DecodeStep:
                             u[layer].to(dev))
             out.append(phi.to(self.pattern.device))
         return torch.stack(out)
+
+
+class _PaddedValues(Sequence[Tensor]):
+    """``DecodeStep.values`` without copies: layer ``l``'s ``[n_keys, n_kv, d_head]``
+    values at absolute positions, built (zeros before a sliding window) only when read."""
+
+    def __init__(self, kv: list[Tensor], n_keys: int) -> None:
+        self._kv, self._n = kv, n_keys
+
+    def __len__(self) -> int:
+        return len(self._kv)
+
+    def __getitem__(self, layer: int) -> Tensor:  # type: ignore[override]
+        v = self._kv[layer].transpose(0, 1)  # [K, n_kv, d_head]
+        if v.shape[0] == self._n:
+            return v
+        return torch.cat([v.new_zeros(self._n - v.shape[0], *v.shape[1:]), v])
+
+
+def _phi_all_layers(
+    pattern: Float[Tensor, "n_layers n_heads pos"],
+    kv: list[Tensor],
+    W_O: list[Tensor],
+    u: Float[Tensor, "n_layers d_model"],
+) -> Float[Tensor, "n_layers n_heads pos"]:
+    """Eq. 2 for every layer of one step: ``phi = alpha * (v . (W_O[h] @ u))``.
+
+    ``kv[l]`` is the layer's ``[n_kv, K_l, d_head]`` values of its last ``K_l`` keys (a
+    view of the KV cache, never copied); products run in the values' dtype (float32
+    accumulation), as :func:`locos_tl.kernel.phi_layer` in float32. A layer whose
+    window is shorter than the row is zero before it, as its pattern is.
+    """
+    L, H, n = pattern.shape
+    vws = []
+    for l, v in enumerate(kv):
+        w = torch.matmul(W_O[l], u[l].to(W_O[l].device, W_O[l].dtype))  # [H, d_head]
+        n_kv = v.shape[0]
+        vw = torch.matmul(w.view(n_kv, H // n_kv, -1).to(v.device), v.transpose(-1, -2))
+        vws.append(vw.view(H, -1).to(pattern.device))  # [kv, g, K] -> [H, K]
+    if all(x.shape[-1] == n for x in vws):
+        vw_all = torch.stack(vws).to(torch.float32)
+    else:
+        vw_all = pattern.new_zeros(L, H, n)
+        for l, x in enumerate(vws):
+            vw_all[l, :, n - x.shape[-1] :] = x
+    return pattern * vw_all
 
 
 @dataclass
@@ -238,6 +298,145 @@ def _hooks_attached(model: Any) -> bool:
     return callable(points) and any(getattr(hp, "fwd_hooks", None) for hp in points())
 
 
+def _any_hook_on_bridge(model: Any) -> bool:
+    """A TransformerLens hook or a plain torch hook (other than a HookPoint's) is attached."""
+    if _hooks_attached(model):
+        return True
+    from locos_tl.interventions import _torch_hooks_on_bridge
+
+    return _torch_hooks_on_bridge(model)
+
+
+@dataclass(frozen=True)
+class StepEngine:
+    """Which engine runs the decode steps, and why not a faster one.
+
+    Attributes:
+        path: ``"eager_twin"`` (attention rows from the eager twin), ``"sdpa_twin"``
+            (no rows needed: plain generation, interventions as module hooks) or
+            ``"bridge"`` (the TransformerBridge, the reference).
+        twin: the twin model (None for the bridge).
+        reason: why the bridge runs (None on a twin).
+    """
+
+    path: str
+    twin: Any | None = None
+    reason: str | None = None
+
+
+def step_engine(model: Any, decode_engine: str = "auto", *, rows: bool = True) -> StepEngine:
+    """Choose the engine of :func:`greedy_decode`'s steps.
+
+    ``"auto"``: with ``rows`` (a step callback needs attention rows), the eager twin
+    when no hook of any kind is attached to the bridge (its hooks would not fire on the
+    twin); without rows, the SDPA twin when it reproduces every attached hook
+    (:func:`locos_tl.interventions.engine`). Otherwise the bridge, with a
+    ``RuntimeWarning`` naming the reason when a user's hook or a missing twin causes it
+    (running inside a locos_tl intervention is logged at INFO).
+
+    Raises:
+        ValueError: unknown ``decode_engine``; ``"twin"`` when no twin exists or a hook
+            is attached (it would not fire on the twin).
+    """
+    if decode_engine not in DECODE_ENGINES:
+        raise ValueError(f"unknown decode_engine {decode_engine!r}; use one of {DECODE_ENGINES}")
+    if decode_engine == "bridge":
+        return StepEngine("bridge", None, "decode_engine='bridge' was asked")
+    if not rows:
+        if intervention_engine(model) == "twin":
+            return StepEngine("sdpa_twin", sdpa_twin(model))
+        info = twin_info(model, "sdpa")
+        reason = info.reason or "a hook the SDPA twin cannot run is attached to the bridge"
+        hooked = info.twin is not None
+    else:
+        hooked = _any_hook_on_bridge(model)
+        info = twin_info(model, "eager") if not hooked else None
+        if info is not None and info.twin is not None:
+            return StepEngine("eager_twin", info.twin)
+        reason = (info.reason if info is not None else
+                  "a hook is attached to the bridge (it fires only there)")
+    if decode_engine == "twin":
+        raise ValueError(f"decode_engine='twin' impossible: {reason}")
+    if hooked and hooks_reproducible(model):  # a locos_tl intervention: expected
+        log.info("decode steps run through the TransformerBridge: %s", reason)
+    elif hooked:
+        import warnings
+
+        warnings.warn(f"decode steps run through the TransformerBridge (slower, same values):"
+                      f" {reason}", RuntimeWarning, stacklevel=3)
+    return StepEngine("bridge", None, reason)
+
+
+def engine_paths(
+    model: Any, prefill_mode: str = "auto", decode_engine: str = "auto", *, rows: bool = True
+) -> dict[str, Any]:
+    """Which prefill and decode-step paths :func:`greedy_decode` takes on ``model`` now,
+    with the fallback reasons (recorded in ``meta.json`` and ``HeadScores.meta``).
+
+    Returns:
+        ``{"prefill": "sdpa_twin" | "bridge", "prefill_reason": str | None,
+        "decode": "eager_twin" | "sdpa_twin" | "bridge", "decode_reason": str | None}``.
+    """
+    if prefill_mode == "bridge":
+        pre, pre_reason = "bridge", "prefill_mode='bridge' was asked"
+    elif prefill_mode == "auto" and not hooks_reproducible(model):
+        pre, pre_reason = "bridge", "a hook the SDPA twin cannot run is attached to the bridge"
+    else:
+        info = twin_info(model, "sdpa")
+        pre, pre_reason = info.path, info.reason
+    eng = step_engine(model, decode_engine, rows=rows)
+    return {"prefill": pre, "prefill_reason": pre_reason, "decode": eng.path,
+            "decode_reason": eng.reason}
+
+
+class _TwinScales:
+    """Light forward pre-hooks on the twin's norms: ``hook_scale`` at the last position.
+
+    The same value TransformerLens' norm bridge gives ``hook_scale`` (float32
+    ``sqrt(mean(x^2) + eps)``, ``x`` centred first for a LayerNorm), as a 0-d device
+    tensor; names are the TransformerLens hook names (``ln_final.hook_scale``,
+    ``blocks.{l}.ln1_post.hook_scale``).
+
+    Raises:
+        LocosError: a norm with no counterpart in the twin.
+    """
+
+    def __init__(self, model: Any, twin: Any, names: Sequence[str]) -> None:
+        self.values: dict[str, Tensor] = {}
+        self.handles: list[Any] = []
+        if not names:
+            return
+        hf = _hf_model(model)
+        where = {id(m): n.replace("._original_component", "") for n, m in hf.named_modules()}
+        layernorm = str(getattr(model.cfg, "normalization_type", "RMS")).upper().startswith("LN")
+        for name in names:
+            comp = model.get_submodule(name.rsplit(".hook_scale", 1)[0])
+            orig = getattr(comp, "original_component", comp)
+            path = where.get(id(orig))
+            if path is None:
+                raise LocosError(f"{name}: its norm has no counterpart in the twin")
+            mod = twin.get_submodule(path)
+            eps = next((e for e in (getattr(orig, "eps", None),
+                                    getattr(orig, "variance_epsilon", None)) if e is not None),
+                       getattr(model.cfg, "eps", 1e-5))
+            self.handles.append(mod.register_forward_pre_hook(
+                self._hook(name, float(eps), layernorm)))
+
+    def _hook(self, name: str, eps: float, layernorm: bool) -> Callable:
+        def pre(_mod: Any, args: tuple[Any, ...]) -> None:
+            x = args[0][0, -1].to(torch.float32)
+            if layernorm:
+                x = x - x.mean()
+            self.values[name] = (x.pow(2).mean() + eps).sqrt()
+
+        return pre
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+        self.handles = []
+
+
 def _cache_values(cache: Any, layer: int) -> Tensor | None:
     """The layer's cached values ``[1, n_kv, K, d_head]`` (None before the first update)."""
     vals = getattr(cache.layers[layer], "values", None) if layer < len(cache.layers) else None
@@ -245,8 +444,9 @@ def _cache_values(cache: Any, layer: int) -> Tensor | None:
 
 
 def _step_values(before: Tensor | None, after: Tensor, n_row: int, layer: int) -> Tensor:
-    """Values of the ``n_row`` keys one decode step's query attended to, ``[n_row, n_kv,
-    d_head]``, oldest first (absolute positions ``N_t - n_row .. N_t - 1``).
+    """Values of the ``n_row`` keys one decode step's query attended to, ``[n_kv, n_row,
+    d_head]`` (a view of the cache when it holds them all), oldest first (absolute
+    positions ``N_t - n_row .. N_t - 1``).
 
     ``before``/``after`` are the layer's cache values just before and after the step.
     A full-attention layer's cache holds every key after the update. A sliding-window
@@ -269,7 +469,36 @@ def _step_values(before: Tensor | None, after: Tensor, n_row: int, layer: int) -
             f"{after.shape[-2]} after the step ({None if before is None else before.shape[-2]}"
             " before); values cannot be aligned to key positions for this cache class"
         )
-    return v[0].transpose(0, 1)  # [n_row, n_kv, d_head]
+    return v[0]  # [n_kv, n_row, d_head]
+
+
+def _assemble(
+    attn: Sequence[Tensor], cache: Any, before: Sequence[Tensor | None], n_keys: int
+) -> tuple[Tensor, list[Tensor]]:
+    """One step's ``[n_layers, n_heads, n_keys]`` float32 pattern at absolute key
+    positions (zeros before a sliding window), and per layer the ``[n_kv, K_l, d_head]``
+    values of the ``K_l`` keys its row covers (views of the cache; a sliding layer's are
+    its pre-step cache plus the step's new value).
+
+    Raises:
+        LocosError: a row longer than the keys, or a cache whose values cannot be aligned.
+    """
+    kv = []
+    for l, row in enumerate(attn):
+        if row.shape[-1] > n_keys:
+            raise LocosError(f"layer {l}: attention row of {row.shape[-1]} keys for "
+                             f"{n_keys} key positions")
+        after = _cache_values(cache, l)
+        if after is None:
+            raise LocosError(f"layer {l}: the KV cache holds no values after the step")
+        kv.append(_step_values(before[l], after, row.shape[-1], l))
+    if all(r.shape[-1] == n_keys for r in attn):
+        pattern = torch.stack(list(attn)).to(torch.float32)
+    else:
+        pattern = attn[0].new_zeros(len(attn), attn[0].shape[0], n_keys, dtype=torch.float32)
+        for l, row in enumerate(attn):
+            pattern[l, :, n_keys - row.shape[-1] :] = row
+    return pattern, kv
 
 
 def _stop_ids(model: Any) -> set[int]:
@@ -301,8 +530,9 @@ def greedy_decode(
     thinking: bool = True,
     prompt_window: int = 0,
     on_prompt_rows: Callable[[int, Tensor], None] | None = None,
+    decode_engine: DecodeEngine = "auto",
 ) -> DecodeResult:
-    """Free greedy decoding through the bridge, calling ``on_step`` at every step.
+    """Free greedy decoding, calling ``on_step`` at every step.
 
     Args:
         model: a TransformerBridge (batch size 1).
@@ -330,13 +560,17 @@ def greedy_decode(
             ``DecodeStep.pattern``.
         on_prompt_rows: called once per layer with that layer's rows of the positions
             ``N - prompt_window .. N - 2``, ``[n_heads, rows, N - 1]``.
+        decode_engine: ``"auto"`` (default: the eager twin, or with no ``on_step`` the
+            SDPA twin, when it runs every attached hook; else the bridge, see
+            :func:`step_engine`), ``"twin"`` or ``"bridge"`` (the TransformerBridge with
+            ``hook_pattern`` hooks: the reference).
 
     Returns:
         The generated ids (the stop token included), the decoded response text (stop
         token and thinking excluded, stripped), and where the response starts.
 
     Raises:
-        ValueError: unknown ``stop_rule``.
+        ValueError: unknown ``stop_rule`` or ``decode_engine``; ``"twin"`` impossible.
         TrialError: empty prompt, or prompt + ``max_new_tokens`` longer than ``n_ctx``.
         NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
@@ -354,20 +588,21 @@ def greedy_decode(
     device = next(_hf_model(model).parameters()).device
     ids = ids.to(device)
     n_layers = int(model.cfg.n_layers)
-    W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]
+    W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]  # views, no copy
     scale_hooks = directions.hook_names() if directions is not None else []
+    eng = step_engine(model, decode_engine, rows=on_step is not None)
 
     cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
                               if on_prompt_rows is not None else 0, on_prompt_rows,
                               mode=prefill_mode, chunk_size=chunk_size)
     rows: dict[int, Tensor] = {}
-    scales: dict[str, float] = {}
+    scales: dict[str, Tensor] = {}
 
     def keep_row(pattern: Tensor, hook: Any) -> None:
-        rows[int(hook.name.split(".")[1])] = pattern[0, :, -1, :].detach().to(torch.float32)
+        rows[int(hook.name.split(".")[1])] = pattern[0, :, -1, :].detach()
 
-    def keep_scale(scale: Tensor, hook: Any) -> None:
-        scales[hook.name] = float(scale.reshape(scale.shape[0], scale.shape[1], -1)[0, -1, 0])
+    def keep_scale(scale: Tensor, hook: Any) -> None:  # stays on the device
+        scales[hook.name] = scale.reshape(scale.shape[0], scale.shape[1], -1)[0, -1, 0]
 
     fwd_hooks = [(f"blocks.{l}.attn.hook_pattern", keep_row) for l in range(n_layers)]
     fwd_hooks += [(name, keep_scale) for name in scale_hooks]
@@ -383,69 +618,78 @@ def greedy_decode(
     start: int | None = None if in_think else 0  # response start; None while thinking
     after_think = False  # only whitespace generated since the block closed
 
-    key_tokens = ids[0].clone()
-    step_input = ids[:, -1:]
-    generated: list[int] = []
-    stopped_by = "max_new_tokens"
     if forced_tokens is not None:
         max_new_tokens = min(max_new_tokens, len(forced_tokens))
-    for t in range(max_new_tokens):
-        rows.clear()
-        scales.clear()
-        before = [_cache_values(cache, l) for l in range(n_layers)]
-        logits = model.run_with_hooks(
-            step_input, fwd_hooks=fwd_hooks, past_key_values=cache, use_cache=True,
-            return_type="logits",
-        )[0, -1]
-        if not bool(torch.isfinite(logits).all()):  # e.g. fp16 overflow: argmax would be 0
-            raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
-                                 f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
-        y = int(logits.argmax()) if forced_tokens is None else int(forced_tokens[t])
-        n_keys = key_tokens.shape[0]
-        pattern = torch.zeros(n_layers, int(model.cfg.n_heads), n_keys, device=device)
-        values = []
-        for l in range(n_layers):
-            # a sliding-window layer's row covers only the last K <= n_keys keys: place
-            # row and values at their absolute key positions, zeros before the window
-            row = rows[l]
-            if row.shape[-1] > n_keys:
-                raise LocosError(f"layer {l}: attention row of {row.shape[-1]} keys for "
-                                 f"{n_keys} key positions")
-            pattern[l, :, n_keys - row.shape[-1] :] = row
-            after = _cache_values(cache, l)
-            if after is None:
-                raise LocosError(f"layer {l}: the KV cache holds no values after the step")
-            v = _step_values(before[l], after, row.shape[-1], l)
-            if v.shape[0] < n_keys:
-                pad = v.new_zeros(n_keys - v.shape[0], *v.shape[1:])
-                v = torch.cat([pad, v])
-            values.append(v)
-        step_thinking = in_think or y in think_open or y in think_close
-        if on_step is not None:
-            on_step(DecodeStep(t=t, token=y, key_tokens=key_tokens, pattern=pattern,
-                               values=values, scales=dict(scales), logits=logits,
-                               thinking=step_thinking, _W_O=W_O, _directions=directions))
-        generated.append(y)
-        key_tokens = torch.cat([key_tokens, key_tokens.new_tensor([y])])
-        if y in stop_ids:
-            stopped_by = "eos"
-            break
-        if y in think_open:
-            in_think, start, after_think = True, None, False
-        elif y in think_close:
-            in_think, start, after_think = False, t + 1, True
-        if step_thinking:
-            step_input = ids.new_tensor([[y]])
-            continue
-        text_y = tok.decode([y])
-        if after_think and not text_y.strip():  # "</think>\n\n": part of the block
-            step_input = ids.new_tensor([[y]])
-            continue
-        after_think = False
-        if stop_at_newline and is_newline_stop(text_y, stop_rule):
-            stopped_by = "newline"
-            break
-        step_input = ids.new_tensor([[y]])
+    keys = ids.new_zeros(N + max_new_tokens)  # key ids; step t reads keys[:N + t]
+    keys[:N] = ids[0]
+    sliding = [bool(getattr(cache.layers[l], "is_sliding", False))
+               if l < len(cache.layers) else False for l in range(n_layers)]
+    generated: list[int] = []
+    stopped_by = "max_new_tokens"
+    twin_scales = (_TwinScales(model, eng.twin, scale_hooks)
+                   if eng.path == "eager_twin" else None)
+    try:
+        for t in range(max_new_tokens):
+            n_keys = N + t
+            step_input = keys[n_keys - 1 : n_keys].view(1, 1)
+            # only a sliding layer's pre-step values are needed (and small); a full
+            # layer's old cache is never kept alive past its update
+            before = [_cache_values(cache, l) if sliding[l] else None for l in range(n_layers)]
+            attn: Sequence[Tensor] = ()
+            if eng.path == "eager_twin":
+                out = eng.twin(step_input, past_key_values=cache, use_cache=True,
+                               output_attentions=True, logits_to_keep=1)
+                logits = out.logits[0, -1]
+                attn = [a[0, :, -1, :] for a in out.attentions]
+                step_scales = dict(twin_scales.values) if twin_scales is not None else {}
+            elif eng.path == "sdpa_twin":
+                logits = eng.twin(step_input, past_key_values=cache, use_cache=True,
+                                  logits_to_keep=1).logits[0, -1]
+                step_scales = {}
+            else:
+                rows.clear()
+                scales.clear()
+                logits = model.run_with_hooks(
+                    step_input, fwd_hooks=fwd_hooks if on_step is not None else [],
+                    past_key_values=cache, use_cache=True, return_type="logits",
+                )[0, -1]
+                attn = [rows[l] for l in range(n_layers)] if on_step is not None else ()
+                step_scales = dict(scales)
+            # the step's one host read: the token id, -1 when the logits hold NaN/inf
+            pick = torch.where(torch.isfinite(logits).all(), logits.argmax(), -1)
+            if int(pick) < 0:  # e.g. fp16 overflow: argmax would be 0
+                raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
+                                     f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
+            y = int(pick) if forced_tokens is None else int(forced_tokens[t])
+            step_thinking = in_think or y in think_open or y in think_close
+            if on_step is not None:
+                pattern, kv = _assemble(attn, cache, before, n_keys)
+                on_step(DecodeStep(t=t, token=y, key_tokens=keys[:n_keys], pattern=pattern,
+                                   values=_PaddedValues(kv, n_keys), scales=step_scales,
+                                   logits=logits, thinking=step_thinking, _W_O=W_O,
+                                   _directions=directions, _kv=kv))
+            generated.append(y)
+            if n_keys < keys.shape[0]:
+                keys[n_keys] = y
+            if y in stop_ids:
+                stopped_by = "eos"
+                break
+            if y in think_open:
+                in_think, start, after_think = True, None, False
+            elif y in think_close:
+                in_think, start, after_think = False, t + 1, True
+            if step_thinking:
+                continue
+            text_y = tok.decode([y])
+            if after_think and not text_y.strip():  # "</think>\n\n": part of the block
+                continue
+            after_think = False
+            if stop_at_newline and is_newline_stop(text_y, stop_rule):
+                stopped_by = "newline"
+                break
+    finally:
+        if twin_scales is not None:
+            twin_scales.remove()
     n_gen = len(generated)
     start = n_gen if start is None else start
     end = n_gen - 1 if stopped_by != "max_new_tokens" else n_gen

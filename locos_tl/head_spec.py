@@ -224,6 +224,7 @@ def parse_head_list(
 
 def parse_ks(
     k: Any, *, n_total: int | None = None, what: str = "k", allow_zero: bool = False,
+    allow_empty: bool = False,
 ) -> list[int]:
     """Head counts ``k`` (one int or a list of ints) as a sorted list without repeats.
 
@@ -233,9 +234,10 @@ def parse_ks(
             at most this.
         what: how the argument is named in error messages (``"k"``, ``"--k"``).
         allow_zero: accept ``k = 0`` (no head).
+        allow_empty: accept an empty list (then ``[]``).
 
     Raises:
-        HeadSpecError: no value; a value that is not an integer, below 1 (0 with
+        HeadSpecError: no value (unless ``allow_empty``); a value that is not an integer, below 1 (0 with
             ``allow_zero``), or above ``n_total``; the message lists the valid range.
     """
     lo = 0 if allow_zero else 1
@@ -243,7 +245,7 @@ def parse_ks(
     if isinstance(k, (str, bytes)) or k is None:
         raise HeadSpecError(f"{what} must be an int or a list of ints {rng}, got {k!r}")
     values = [k] if not isinstance(k, Iterable) else list(k)
-    if not values:
+    if not values and not allow_empty:
         raise HeadSpecError(f"{what} names no head count; give at least one k {rng}")
     out = []
     for v in values:

@@ -27,12 +27,13 @@ twin equivalent. Any other hook point also has none.
 
 :func:`engine` says which engine reproduces everything attached to a model: ``"twin"``
 when the twin exists and every TransformerLens hook attached to the bridge belongs to an
-active :func:`intervene` block with a twin equivalent, and no plain torch hook sits on a
-bridge module; otherwise ``"bridge"``. Hooks a user attaches directly (``model.hooks``,
-``run_with_hooks``, ``add_hook``, a torch hook) therefore always route through the
-bridge, where they fire. The equality of both engines (logits, greedy tokens and
-patched metrics, float32, 1e-5, on Qwen3, Gemma-3 with a sliding window shorter than
-the prompt, OLMo-2 and Llama) is tested in ``tests/test_fast_interventions.py``.
+active :func:`intervene` block with a twin equivalent; otherwise ``"bridge"``. Hooks a
+user attaches directly (``model.hooks``, ``run_with_hooks``, ``add_hook``) therefore
+always route through the bridge, where they fire. (Plain torch hooks on bridge modules
+are not detected: the bridge and transformers install their own there.) The equality
+of both engines (logits, greedy tokens and patched metrics, float32, 1e-5, on Qwen3,
+Gemma-3 with a sliding window shorter than the prompt, OLMo-2 and Llama) is tested
+in ``tests/test_fast_interventions.py``.
 """
 
 from __future__ import annotations
@@ -167,17 +168,6 @@ def _lens_handles(model: Any) -> Iterator[Any]:
         yield from getattr(hp, "bwd_hooks", ()) or ()
 
 
-def _torch_hooks_on_bridge(model: Any) -> bool:
-    """A plain torch hook on a bridge module other than a HookPoint (the twin cannot run it)."""
-    from transformer_lens.hook_points import HookPoint
-
-    root = getattr(model, "original_model", None)
-    if not isinstance(root, torch.nn.Module):
-        return False
-    return any((mod._forward_hooks or mod._forward_pre_hooks)
-               for mod in root.modules() if not isinstance(mod, HookPoint))
-
-
 @contextmanager
 def intervene(model: Any, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[Engine]:
     """Attach interventions to the bridge and, where equivalent, to its SDPA twin.
@@ -226,18 +216,17 @@ def intervene(model: Any, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[E
 def hooks_reproducible(model: Any) -> bool:
     """Whether the twin reproduces every hook attached to ``model``.
 
-    True when each TransformerLens hook attached to the bridge was attached by an open
-    :func:`intervene` block whose hooks all have twin equivalents, and no plain torch
-    hook sits on a bridge module. Says nothing about whether a twin exists (see
-    :func:`engine`).
+    True when each TransformerLens hook (forward or backward) attached to the bridge was
+    attached by an open :func:`intervene` block whose hooks all have twin equivalents.
+    Plain torch hooks on bridge modules are not seen (the bridge and transformers keep
+    their own there); attach interventions as TransformerLens hooks. Says nothing about
+    whether a twin exists (see :func:`engine`).
     """
     ok: set[int] = set()
     for entry in _ACTIVE.get(model, ()):
         if entry.twin_ok:
             ok |= entry.lens_handles
-    if any(id(h) not in ok for h in _lens_handles(model)):
-        return False
-    return not _torch_hooks_on_bridge(model)
+    return all(id(h) in ok for h in _lens_handles(model))
 
 
 def engine(model: Any) -> Engine:

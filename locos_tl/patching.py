@@ -37,6 +37,7 @@ from tqdm.auto import tqdm
 from locos_tl.answers import answer_steps, answer_token_variants
 from locos_tl.decode import DecodeStep, greedy_decode
 from locos_tl.errors import TrialError
+from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.interventions import intervene
 from locos_tl.models import model_name
@@ -284,7 +285,7 @@ def cri_trial(
     """
     device = next(model.original_model.parameters()).device
     batch_size = default_batch_size(device) if batch_size is None else batch_size
-    if batch_size < 1:
+    if as_int(batch_size, "batch_size") < 1:
         raise ValueError("batch_size must be >= 1")
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     record: dict[str, Any] = {"trial_id": trial.trial_id, "accepted": False, "dropped": None,

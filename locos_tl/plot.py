@@ -75,10 +75,26 @@ def _fmt(x: float) -> str:
 
 
 def _as_list(scores: HeadScores | Sequence[HeadScores]) -> list[HeadScores]:
-    out = [scores] if isinstance(scores, HeadScores) else list(scores)
+    out = [scores] if isinstance(scores, HeadScores) else list(scores or [])
     if not out:
         raise ValueError("no HeadScores given")
+    bad = next((x for x in out if not isinstance(x, HeadScores)), None)
+    if bad is not None:
+        raise ValueError(f"expected HeadScores (or a list of them), got {type(bad).__name__}; "
+                         "wrap a [n_layers, n_heads] array as HeadScores(name, scores[None])")
     return out
+
+
+def _positions(pair: Any, n: int, what: str) -> tuple[int, int]:
+    """``(start, end)`` key positions with ``0 <= start < end <= n`` (end exclusive)."""
+    try:
+        a, b = (as_int(x, what) for x in pair)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a (start, end) pair of ints, got {pair!r}") from None
+    if not 0 <= a < b <= n:
+        raise ValueError(f"{what} ({a}, {b}) must satisfy 0 <= start < end <= {n} (end "
+                         f"exclusive, {n} key positions)")
+    return a, b
 
 
 def token_labels(tokenizer: Any, ids: Sequence[int] | Tensor) -> list[str]:
@@ -510,7 +526,8 @@ def phi_explorer(
 
     Raises:
         ValueError: ``phi`` is not 3-D or ``tokens`` does not match its last axis; a
-            malformed head or one outside ``phi``'s layers x heads (``HeadSpecError``).
+            malformed head or one outside ``phi``'s layers x heads (``HeadSpecError``);
+            a ``window`` or ``needle_span`` that is empty or outside the positions.
     """
     z3 = _np(phi)
     if z3.ndim != 3:
@@ -520,7 +537,9 @@ def phi_explorer(
         raise ValueError(f"{len(tokens)} token strings for {P} positions")
     rows = (parse_heads(heads, n_layers=L, n_heads=H) if heads is not None
             else [(l, h) for l in range(L) for h in range(H)])
-    a, b = window if window is not None else (0, P)
+    a, b = _positions(window, P, "window") if window is not None else (0, P)
+    if needle_span is not None:
+        needle_span = _positions(needle_span, P, "needle_span")
     pos = np.arange(a, b)
     z = np.stack([z3[l, h, a:b] for l, h in rows]) if rows else np.zeros((0, b - a))
     toks = list(tokens)[a:b]
@@ -592,7 +611,8 @@ def reads_vs_writes(
 
     Raises:
         ValueError: the rows and tokens have different lengths; a malformed ``head`` or
-            one outside a 3-D input's layers x heads (``HeadSpecError``).
+            one outside a 3-D input's layers x heads (``HeadSpecError``); a ``window`` or
+            ``needle_span`` that is empty or outside the positions.
     """
     att, ph = _np(pattern_row), _np(phi_row)
     dims = att.shape[:2] if att.ndim == 3 else ph.shape[:2] if ph.ndim == 3 else (None, None)
@@ -603,7 +623,9 @@ def reads_vs_writes(
         raise ValueError(f"attention {att.shape}, phi {ph.shape} and {len(tokens)} tokens "
                          "must have one length")
     P = len(tokens)
-    a, b = window if window is not None else (0, P)
+    a, b = _positions(window, P, "window") if window is not None else (0, P)
+    if needle_span is not None:
+        needle_span = _positions(needle_span, P, "needle_span")
     pos = np.arange(a, b)
     toks = list(tokens)[a:b]
     label = head_label(l, h)

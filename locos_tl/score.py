@@ -23,6 +23,7 @@ from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
 from locos_tl.decode import DecodeStep, StopRule, check_stop_rule, greedy_decode
 from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome, get_detector
 from locos_tl.errors import NonFiniteError, TrialError
+from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models import model_name
 from locos_tl.provenance import provenance
@@ -116,6 +117,9 @@ def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -
     n_ctx = getattr(model.cfg, "n_ctx", None)
     d_vocab = int(model.cfg.d_vocab)
     for i, t in enumerate(trials):
+        if not isinstance(t, Trial):
+            raise TrialError(f"trials[{i}] is a {type(t).__name__}, not a Trial (build "
+                             "trials with locos_tl.build_*_trials, Trial(...) or load_trials)")
         if n_ctx and t.n_tokens + max_new_tokens - 1 > n_ctx:
             raise TrialError(
                 f"trial {i} ({t.trial_id}): prompt of {t.n_tokens} tokens + {max_new_tokens} "
@@ -360,7 +364,7 @@ def score_trials(
     trials = list(trials)
     if not trials:
         raise ValueError("no trials to score")
-    if max_new_tokens < 1:
+    if as_int(max_new_tokens, "max_new_tokens") < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     stop_rule = check_stop_rule(stop_rule)
     check_trials_fit(model, trials, max_new_tokens)

@@ -134,13 +134,28 @@ def test_two_workers_equal_single_process(setup, reference, pool, tmp_path):
     assert got["locos"].meta["distributed"]["workers"] == 2
 
 
-def test_rerun_skips_finished_and_resumes_across_modes(setup, reference, pool, tmp_path):
+def test_rerun_skips_finished_and_resumes_across_modes(setup, reference, pool, tmp_path,
+                                                       monkeypatch):
+    import locos_tl.score as score_mod
+
     path, model, trials = setup
     ref, _ = reference
-    # a single-process run that stopped after 3 trials ...
-    with one_thread():
-        score_trials(model, trials[:3], methods=METHODS, max_new_tokens=MAX_NEW,
+    # a single-process run interrupted after 3 trials (a run directory holds one trial
+    # set, so the interruption is simulated, not a run over a subset) ...
+    real_run_trial = score_mod.run_trial
+
+    def stop_after_3(*a, **k):
+        if sum(1 for _ in _lines(tmp_path)) >= 3 if (tmp_path / "trials.jsonl").exists() \
+                else False:
+            raise KeyboardInterrupt
+        return real_run_trial(*a, **k)
+
+    monkeypatch.setattr(score_mod, "run_trial", stop_after_3)
+    with one_thread(), pytest.raises(KeyboardInterrupt):
+        score_trials(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
                      out_dir=tmp_path, progress=False)
+    monkeypatch.setattr(score_mod, "run_trial", real_run_trial)
+    assert len(_lines(tmp_path)) == 3
     ran = []
     got = score_trials(path, trials, methods=METHODS, max_new_tokens=MAX_NEW,
                        out_dir=tmp_path, progress=False, pool=pool,

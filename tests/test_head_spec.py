@@ -352,3 +352,24 @@ def test_cli_ablate_inline_head_list(org_trials, tmp_path) -> None:
     assert set(zip(df["method"], df["k"], strict=True)) == {("baseline", 0), ("m", 1), ("m", 2)}
     sets = json.loads((tmp_path / "run" / "meta.json").read_text())["settings"]["head_sets"]
     assert sorted(sets.values()) == [[], [[1, 2]], [[1, 2], [0, 5]]]
+
+
+# -- other malformed calls that used to end in raw Python errors or wrong figures ------
+def test_plot_positions_and_dissociation_inputs() -> None:
+    from locos_tl import dissociation_score
+
+    phi = np.zeros((2, 8, 5))
+    phi[1, 2, 3] = 1.0
+    toks = list("abcde")
+    fig = plot.phi_explorer(phi, toks, heads=["L1H2"], window=(2, 5), needle_span=(3, 4))
+    np.testing.assert_array_equal(np.asarray(fig.data[0].z), [[0.0, 1.0, 0.0]])
+    for kw, msg in ((dict(window=(3, 1)), r"window \(3, 1\) must satisfy 0 <= start < end <= 5"),
+                    (dict(window=(0, 99)), r"window \(0, 99\)"),
+                    (dict(needle_span=(4, 2)), r"needle_span \(4, 2\)"),
+                    (dict(needle_span=(0, 6)), r"needle_span \(0, 6\)")):
+        with pytest.raises(ValueError, match=msg):
+            plot.phi_explorer(phi, toks, **kw)
+        with pytest.raises(ValueError, match=msg):
+            plot.reads_vs_writes(np.abs(phi), phi, toks, "L1H2", **kw)
+    with pytest.raises(ValueError, match=r"retrieval: not an evaluate\(\) table"):
+        dissociation_score(pd.DataFrame(), pd.DataFrame())  # was KeyError 'metric'

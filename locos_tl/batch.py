@@ -1,0 +1,524 @@
+"""Batched trials: ``B`` trials decoded together on the model's plain HF twins.
+
+:func:`run_trials_batched` returns, for each trial, exactly the record
+:func:`locos_tl.score.run_trial` returns for it alone (same fields, same values to float
+rounding), so run directories, resume and aggregation do not know whether a run was
+batched. How a batch keeps every trial's numbers those of batch size 1:
+
+- **Left padding, explicit positions.** The prompts are left-padded to the longest one,
+  with an attention mask that hides the padding and position ids that count only a
+  trial's own tokens (``0 .. N_b - 1``), so rotary phases, causal masks and needle
+  spans are those of the trial alone. Every row ends at the same column, so all rows
+  advance one token per step; a sliding window (``q - k < window``) is invariant to the
+  common shift, and the padding it may cover is masked.
+- **Prefill** on the SDPA twin (:mod:`locos_tl.twin`), one causal call over the padded
+  prompts (``chunk_size`` queries at a time when given). **Decode steps** on the eager
+  twin (same tensors, ``output_attentions=True``): each row's attention row and values
+  are cut to its own ``N_b + t`` key positions, right-aligned, before any detector sees
+  them, with the sliding-window alignment of :func:`locos_tl.decode.greedy_decode`
+  (a window layer's row covers the last ``window`` keys; its values are the cache before
+  the step plus the step's new value). Padding keys carry probability 0.
+- **One host read per step**: the batch's greedy tokens (with a non-finite flag)
+  in one ``tolist``; detector values stay on the device and move to the host once per
+  trial.
+- **Early stops do not stall the batch**: a row that stops (newline, EOS, non-finite
+  logits) is dropped from the batch and the KV cache (``Cache.batch_select_indices``);
+  the others keep decoding.
+
+Batching needs both twins and no hook on the model: with a hook attached (a user's
+TransformerLens hook or an :func:`locos_tl.interventions.intervene` block), with ``prefill_mode="bridge"``, or when a twin cannot be built, it
+falls back to batch size 1 (:func:`locos_tl.score.run_trial`, the bridge's reference
+path) with a ``RuntimeWarning`` naming the reason. Equality with batch size 1 (every
+method's per-trial scores within 1e-5 in float32, generated tokens and responses
+identical, early stops, sliding windows shorter than the prompt) is tested on Qwen3,
+Gemma-3, OLMo-2 and Llama in ``tests/test_batch.py``.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall, think_token_ids
+from locos_tl.decode import (
+    DecodeResult,
+    DecodeStep,
+    StopRule,
+    _cache_values,
+    _new_cache,
+    _step_values,
+    _stop_ids,
+    check_stop_rule,
+    is_newline_stop,
+)
+from locos_tl.detectors import Detector, TrialOutcome
+from locos_tl.errors import LocosError, NonFiniteError, TrialError
+from locos_tl.trials import Trial
+from locos_tl.unembed import AnswerDirections
+
+__all__ = ["batch_fallback_reason", "run_trials_batched"]
+
+
+def batch_fallback_reason(model: Any, prefill_mode: str = "auto") -> str | None:
+    """Why ``model`` cannot decode trials in batches (None: it can).
+
+    Batches run on the plain HF twins (:mod:`locos_tl.twin`), which fire no
+    TransformerLens hook: any hook attached to the bridge (a user's, or an open
+    :func:`locos_tl.interventions.intervene` block's), ``prefill_mode="bridge"``, or a missing SDPA/eager twin routes every trial through
+    the bridge one at a time instead.
+    """
+    from locos_tl.interventions import _lens_handles
+    from locos_tl.twin import twin_info
+
+    if prefill_mode == "bridge":
+        return "prefill_mode='bridge' asks for the TransformerBridge path"
+    if any(True for _ in _lens_handles(model)):
+        return "a TransformerLens hook is attached to the model (it fires only on the bridge)"
+    for kind in ("sdpa", "eager"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            info = twin_info(model, kind)
+        if info.twin is None:
+            return f"no {kind} twin ({info.reason})"
+    return None
+
+
+@dataclass
+class _Row:
+    """Decoding state of one trial in the batch (mirrors greedy_decode's loop)."""
+
+    index: int  # position in the caller's trial list
+    trial: Trial
+    ids: Tensor  # [N] prompt ids on the device
+    on_step: Callable[[DecodeStep], None]
+    in_think: bool
+    start: int | None
+    key_tokens: Tensor
+    after_think: bool = False
+    generated: list[int] = field(default_factory=list)
+    stopped_by: str = "max_new_tokens"
+    non_finite: str | None = None
+
+    @property
+    def n(self) -> int:
+        return int(self.ids.shape[0])
+
+
+class _Scales:
+    """``hook_scale`` values of the norms the ``exact`` variant needs, read on the eager
+    twin by forward pre-hooks with the bridge's own formula
+    (``sqrt(mean(x^2) + eps)`` in float32, centred first for a LayerNorm)."""
+
+    def __init__(self, model: Any, twin: Any, names: Sequence[str]) -> None:
+        self.values: dict[str, Tensor] = {}
+        self.handles: list[Any] = []
+        if not names:
+            return
+        by_id = {id(m): n.replace("._original_component", "")
+                 for n, m in model.original_model.named_modules()}
+        for name in names:
+            comp = model.get_submodule(name.rsplit(".", 1)[0])  # e.g. blocks.0.ln1_post
+            orig = comp.original_component
+            path = by_id.get(id(orig))
+            if path is None:
+                raise LocosError(f"{name}: its norm module is not part of the HF model")
+            eps = getattr(orig, "eps", None)
+            if eps is None:
+                eps = getattr(orig, "variance_epsilon", None)
+            if eps is None:
+                eps = getattr(comp.config, "eps", 1e-05)
+            rms = bool(getattr(comp, "uses_rms_norm", True))
+            self.handles.append(twin.get_submodule(path).register_forward_pre_hook(
+                self._reader(name, eps, rms)))
+
+    def _reader(self, name: str, eps: Any, rms: bool) -> Callable[..., None]:
+        def read(_mod: Any, args: tuple[Any, ...]) -> None:
+            x = args[0][:, -1]  # [B, d_model], the query position
+            x = x.float() if x.dtype not in (torch.float32, torch.float64) else x
+            if not rms:
+                x = x - x.mean(-1, keepdim=True)
+            e = eps if isinstance(eps, Tensor) else float(eps)
+            self.values[name] = (x.pow(2).mean(-1) + e).sqrt()
+
+        return read
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()
+
+
+def _row_to_keys(row: Tensor, n_keys: int) -> Tensor:
+    """A right-aligned row (or rows) over ``K`` padded key columns, placed at a trial's
+    own ``n_keys`` absolute key positions: columns before the trial's first token are
+    padding (probability 0) and dropped; zeros before a window."""
+    k = min(row.shape[-1], n_keys)
+    out = row.new_zeros(*row.shape[:-1], n_keys)
+    out[..., n_keys - k:] = row[..., row.shape[-1] - k:]
+    return out
+
+
+def _finish(row: _Row, tok: Any, think_open: frozenset[int],
+            think_close: frozenset[int]) -> DecodeResult:
+    """The row's :class:`DecodeResult`, as greedy_decode builds it."""
+    generated = row.generated
+    n_gen = len(generated)
+    start = n_gen if row.start is None else row.start
+    end = n_gen - 1 if row.stopped_by != "max_new_tokens" else n_gen
+    text = tok.decode(generated[start:end], skip_special_tokens=True).strip() if end > start else ""
+    think_ids = [g for g in generated[: min(start, end)]
+                 if g not in think_open and g not in think_close]
+    thought = tok.decode(think_ids, skip_special_tokens=True).strip() if think_ids else ""
+    return DecodeResult(prompt_len=row.n, generated=list(generated), text=text,
+                        stopped_by=row.stopped_by, response_start=start, thinking=thought)
+
+
+class _Collector:
+    """One trial's detector inputs, as run_trial gathers them (kept on the device)."""
+
+    def __init__(self, trial: Trial, detectors: Sequence[Detector]) -> None:
+        self.detectors = detectors
+        self.per_step: dict[str, list[Tensor]] = {d.name: [] for d in detectors}
+        self.needs_phi = any(d.needs_phi for d in detectors)
+        self.phi_ok: list[Tensor] = []
+        self.spans = {d.name: trial.span(d.span) for d in detectors}
+        self.prompt_vals: dict[str, dict[int, Tensor]] = {
+            d.name: {} for d in detectors if d.prompt_window}
+
+    def on_step(self, step: DecodeStep) -> None:
+        if self.needs_phi:
+            self.phi_ok.append(torch.isfinite(step.phi).all())
+        for d in self.detectors:
+            if d.steps == "prompt" and step.t > 0:
+                continue
+            self.per_step[d.name].append(d.step_value(step, self.spans[d.name]))
+
+    def on_prompt_rows(self, layer: int, rows: Tensor) -> None:
+        for d in self.detectors:
+            if d.prompt_window:
+                self.prompt_vals[d.name][layer] = d.prompt_value(rows, self.spans[d.name])
+
+
+def _record(model: Any, trial: Trial, detectors: Sequence[Detector], result: DecodeResult,
+            col: _Collector, gate_threshold: float) -> dict[str, Any]:
+    """The trial's record, field for field as :func:`locos_tl.score.run_trial` makes it."""
+    from locos_tl.score import non_finite_record
+
+    def failed(reason: str) -> dict[str, Any]:
+        rec = non_finite_record(trial, reason)
+        rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
+        rec["spans"] = {d.name: d.span for d in detectors}
+        return rec
+
+    if col.phi_ok and not bool(torch.stack(col.phi_ok).all()):
+        bad = int((~torch.stack(col.phi_ok)).nonzero()[0])
+        return failed(str(NonFiniteError(f"decoding step {bad}: phi holds NaN or inf")))
+    recall = rouge1_recall(result.text, trial.answer)
+    steps = answer_steps(model.tokenizer, result.generated, trial.answer,
+                         start=result.response_start)
+    dropped = None
+    if recall <= gate_threshold:
+        dropped = "gate"
+    elif not steps:
+        dropped = "no_answer_step"
+    outcome = TrialOutcome(
+        generated=list(result.generated), response=result.text, answer=trial.answer,
+        rouge1_recall=recall, answer_steps=list(steps), gate_threshold=gate_threshold,
+        tokenizer=model.tokenizer, response_start=result.response_start,
+    )
+    dropped_by = {d.name: d.drop_reason(outcome) for d in detectors}
+    record: dict[str, Any] = {
+        "trial_id": trial.trial_id,
+        "n_prompt_tokens": trial.n_tokens,
+        "needle_span": list(trial.needle_span),
+        "answer_span": None if trial.answer_span is None else list(trial.answer_span),
+        "spans": {d.name: d.span for d in detectors},
+        "answer": trial.answer,
+        "response": result.text,
+        "generated": result.generated,
+        "stopped_by": result.stopped_by,
+        "response_start": result.response_start,
+        "rouge1_recall": recall,
+        "accepted": dropped is None,
+        "dropped": dropped,
+        "dropped_by": dropped_by,
+        "answer_steps": steps,
+        "scores": {},
+        "step_values": {},
+        "meta": trial.meta,
+    }
+    L = int(model.cfg.n_layers)
+    for d in detectors:
+        if dropped_by[d.name] is not None:
+            continue
+        used = d.used_steps(outcome)
+        vals = torch.stack(col.per_step[d.name]).cpu()[torch.as_tensor(used, dtype=torch.long)]
+        pv = col.prompt_vals.get(d.name)
+        pv_t = torch.stack([pv[layer].cpu() for layer in range(L)]) if pv else None
+        score = d.trial_score(vals, prompt_values=pv_t)
+        record["scores"][d.name] = None if score is None else score.tolist()
+        if d.steps == "answer":
+            record["step_values"][d.name] = vals.tolist()
+    return record
+
+
+@torch.no_grad()
+def _decode_batch(
+    model: Any,
+    rows: list[_Row],
+    *,
+    max_new_tokens: int,
+    directions: AnswerDirections | None,
+    stop_rule: StopRule,
+    thinking: bool,
+    chunk_size: int | None,
+    prompt_window: int,
+    on_prompt_rows: dict[int, Callable[[int, Tensor], None]] | None,
+    on_done: Callable[[_Row], None],
+) -> None:
+    """Decode ``rows`` together (module docstring); ``on_done(row)`` as each one stops."""
+    from locos_tl.twin import twin_info
+
+    sdpa, eager = twin_info(model, "sdpa").twin, twin_info(model, "eager").twin
+    device = rows[0].ids.device
+    n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]
+    tok = model.tokenizer
+    think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
+    stop_ids = _stop_ids(model)
+    B = len(rows)
+    T = max(r.n for r in rows)
+    pad_id = 0
+    ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)
+    mask = torch.zeros(B, T, dtype=torch.long, device=device)
+    for b, r in enumerate(rows):
+        ids[b, T - r.n:] = r.ids
+        mask[b, T - r.n:] = 1
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = _new_cache(model)
+
+    # prefill columns [0, T-1-W) on the SDPA twin; the last W prompt columns before the
+    # final token on the eager twin when prompt rows are wanted (HeadKV anchor)
+    W = min(max(prompt_window - 1, 0), T - 1) if on_prompt_rows is not None else 0
+    stop = T - 1 - W
+    step_cols = chunk_size or max(stop, 1)
+    for i in range(0, stop, step_cols):
+        j = min(i + step_cols, stop)
+        sdpa(ids[:, i:j], attention_mask=mask[:, :j], position_ids=pos[:, i:j],
+             past_key_values=cache, use_cache=True, logits_to_keep=1)
+    if W:
+        out = eager(ids[:, stop:T - 1], attention_mask=mask[:, :T - 1],
+                    position_ids=pos[:, stop:T - 1], past_key_values=cache, use_cache=True,
+                    output_attentions=True, logits_to_keep=1)
+        for b, r in enumerate(rows):
+            n_rows = min(prompt_window - 1, r.n - 1)
+            if n_rows <= 0:
+                continue
+            for l in range(n_layers):
+                got = out.attentions[l][b, :, W - n_rows:].to(torch.float32)
+                on_prompt_rows[r.index](l, _row_to_keys(got, r.n - 1))
+
+    scales = _Scales(model, eager, directions.hook_names() if directions is not None else [])
+    try:
+        step_input = ids[:, -1:]
+        step_pos = pos[:, -1:]
+        active = list(rows)
+        for t in range(max_new_tokens):
+            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
+            before = [_cache_values(cache, l) for l in range(n_layers)]
+            out = eager(step_input, attention_mask=mask, position_ids=step_pos,
+                        past_key_values=cache, use_cache=True, output_attentions=True,
+                        logits_to_keep=1)
+            logits = out.logits[:, -1]  # [B, d_vocab]
+            finite = torch.isfinite(logits).all(-1)
+            picks = torch.where(finite, logits.argmax(-1), -1).tolist()  # one host read
+            sc = {k: v.tolist() for k, v in scales.values.items()}
+            after = [_cache_values(cache, l) for l in range(n_layers)]
+            keep: list[int] = []
+            for b, r in enumerate(active):
+                y = int(picks[b])
+                if y < 0:
+                    r.non_finite = (f"decoding step {t}: the logits hold NaN or inf (dtype "
+                                    f"{logits.dtype}; an fp16 overflow? try bfloat16)")
+                    r.stopped_by = "non_finite"
+                    on_done(r)
+                    continue
+                n_keys = r.key_tokens.shape[0]
+                pattern = torch.zeros(n_layers, n_heads, n_keys, device=device)
+                values = []
+                for l in range(n_layers):
+                    row = out.attentions[l][b, :, -1, :].to(torch.float32)
+                    k = min(row.shape[-1], n_keys)
+                    pattern[l, :, n_keys - k:] = row[:, row.shape[-1] - k:]
+                    a = after[l]
+                    if a is None:
+                        raise LocosError(f"layer {l}: the KV cache holds no values after the step")
+                    pb = before[l]
+                    v = _step_values(None if pb is None else pb[b:b + 1], a[b:b + 1],
+                                     row.shape[-1], l)[-k:]
+                    if k < n_keys:
+                        v = torch.cat([v.new_zeros(n_keys - k, *v.shape[1:]), v])
+                    values.append(v)
+                step_thinking = r.in_think or y in think_open or y in think_close
+                r.on_step(DecodeStep(
+                    t=t, token=y, key_tokens=r.key_tokens, pattern=pattern, values=values,
+                    scales={k_: float(v_[b]) for k_, v_ in sc.items()}, logits=logits[b],
+                    thinking=step_thinking, _W_O=W_O, _directions=directions))
+                r.generated.append(y)
+                r.key_tokens = torch.cat([r.key_tokens, r.key_tokens.new_tensor([y])])
+                if _stops(r, t, y, step_thinking, tok, stop_ids, think_open, think_close,
+                          stop_rule):
+                    on_done(r)
+                    continue
+                keep.append(b)
+            if len(keep) < len(active):
+                if not keep:
+                    return
+                sel = torch.as_tensor(keep, device=device)
+                cache.batch_select_indices(sel)
+                mask = mask[sel]
+                active = [active[b] for b in keep]
+            step_input = torch.as_tensor([[r.generated[-1]] for r in active], device=device)
+            step_pos = torch.as_tensor([[r.key_tokens.shape[0] - 1] for r in active],
+                                       device=device)
+        for r in active:
+            on_done(r)
+    finally:
+        scales.remove()
+
+
+def _stops(r: _Row, t: int, y: int, step_thinking: bool, tok: Any, stop_ids: set[int],
+           think_open: frozenset[int], think_close: frozenset[int], stop_rule: StopRule
+           ) -> bool:
+    """Advance the row's stop/thinking state after token ``y`` at step ``t`` (the rule
+    of :func:`locos_tl.decode.greedy_decode`); True when the row stops here."""
+    if y in stop_ids:
+        r.stopped_by = "eos"
+        return True
+    if y in think_open:
+        r.in_think, r.start, r.after_think = True, None, False
+    elif y in think_close:
+        r.in_think, r.start, r.after_think = False, t + 1, True
+    if step_thinking:
+        return False
+    text_y = tok.decode([y])
+    if r.after_think and not text_y.strip():
+        return False
+    r.after_think = False
+    if is_newline_stop(text_y, stop_rule):
+        r.stopped_by = "newline"
+        return True
+    return False
+
+
+def run_trials_batched(
+    model: Any,
+    trials: Sequence[Trial],
+    detectors: Sequence[Detector],
+    *,
+    directions: AnswerDirections | None,
+    batch_size: int = 8,
+    max_new_tokens: int = 50,
+    gate_threshold: float = GATE_THRESHOLD,
+    prefill_mode: str = "auto",
+    chunk_size: int | None = None,
+    stop_rule: StopRule = "newline_token",
+    thinking: bool = True,
+    on_record: Callable[[int, dict[str, Any]], None] | None = None,
+) -> list[dict[str, Any]]:
+    """Score ``trials`` ``batch_size`` at a time; the records of :func:`run_trial`.
+
+    Trials are grouped by prompt length (less padding) into batches of ``batch_size``;
+    each batch is prefilled once and decoded together, each trial stopping by its own
+    rule (module docstring). Arguments as for :func:`locos_tl.score.run_trial`
+    (``directions`` is needed by phi-based detectors).
+
+    Args:
+        model: a TransformerBridge.
+        trials: the trials (already validated, :func:`locos_tl.score.check_trials_fit`).
+        detectors: the detectors sharing the pass.
+        batch_size: trials per batch (``>= 1``).
+        on_record: called with ``(index in trials, record)`` as soon as a trial's record
+            is made (e.g. to append it to a run directory).
+
+    Returns:
+        One record per trial, in the order of ``trials``; equal to
+        :func:`locos_tl.score.run_trial`'s (per-trial scores within float rounding,
+        1e-5 in float32; tokens and responses identical).
+
+    Raises:
+        ValueError: ``batch_size < 1`` or an unknown stop rule.
+        TrialError: an empty prompt.
+    """
+    from locos_tl.score import run_trial
+
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    stop_rule = check_stop_rule(stop_rule)
+    trials = list(trials)
+    out: list[dict[str, Any] | None] = [None] * len(trials)
+
+    def done(i: int, rec: dict[str, Any]) -> None:
+        out[i] = rec
+        if on_record is not None:
+            on_record(i, rec)
+
+    reason = batch_fallback_reason(model, prefill_mode) if batch_size > 1 else "batch_size=1"
+    if reason is not None:
+        if batch_size > 1:
+            warnings.warn(f"batch_size={batch_size} falls back to batch size 1: {reason}",
+                          RuntimeWarning, stacklevel=2)
+        for i, trial in enumerate(trials):
+            done(i, run_trial(model, trial, detectors, directions=directions,
+                              max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
+                              prefill_mode=prefill_mode, chunk_size=chunk_size,
+                              stop_rule=stop_rule, thinking=thinking))
+        return out  # type: ignore[return-value]
+
+    device = next(model.original_model.parameters()).device
+    tok = model.tokenizer
+    think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
+    window = max((d.prompt_window for d in detectors), default=0)
+    order = sorted(range(len(trials)), key=lambda i: trials[i].n_tokens)
+    for s in range(0, len(order), batch_size):
+        chunk = order[s:s + batch_size]
+        cols: dict[int, _Collector] = {}
+        rows = []
+        for i in chunk:
+            trial = trials[i]
+            if trial.n_tokens == 0:
+                raise TrialError(f"trial {trial.trial_id}: empty prompt")
+            prompt = torch.as_tensor(trial.tokens, dtype=torch.long, device=device)
+            in_think = False
+            for tid in prompt.tolist() if think_open or think_close else ():
+                if tid in think_open:
+                    in_think = True
+                elif tid in think_close:
+                    in_think = False
+            cols[i] = _Collector(trial, detectors)
+            rows.append(_Row(index=i, trial=trial, ids=prompt, on_step=cols[i].on_step,
+                             in_think=in_think, start=None if in_think else 0,
+                             key_tokens=prompt.clone()))
+
+        def finished(r: _Row) -> None:
+            from locos_tl.score import non_finite_record
+
+            if r.non_finite is not None:
+                rec = non_finite_record(r.trial, r.non_finite)
+                rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
+                rec["spans"] = {d.name: d.span for d in detectors}
+            else:
+                result = _finish(r, tok, think_open, think_close)
+                rec = _record(model, r.trial, detectors, result, cols[r.index], gate_threshold)
+            done(r.index, rec)
+
+        prompt_cbs = ({i: c.on_prompt_rows for i, c in cols.items()} if window else None)
+        _decode_batch(model, rows, max_new_tokens=max_new_tokens, directions=directions,
+                      stop_rule=stop_rule, thinking=thinking, chunk_size=chunk_size,
+                      prompt_window=window, on_prompt_rows=prompt_cbs,
+                      on_done=finished)
+    return out  # type: ignore[return-value]
