@@ -43,6 +43,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "greedy_decode": ("locos_tl.decode", "greedy_decode"),
     "head_label": ("locos_tl.heads", "head_label"),
     "HeadScores": ("locos_tl.heads", "HeadScores"),
+    "HeadSpecError": ("locos_tl.errors", "HeadSpecError"),
     "load_haystacks": ("locos_tl.data", "load_haystacks"),
     "load_model": ("locos_tl.models", "load_model"),
     "load_needle_set": ("locos_tl.data", "load_needle_set"),
@@ -50,6 +51,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "load_trials": ("locos_tl.trials", "load_trials"),
     "LocosError": ("locos_tl.errors", "LocosError"),
     "ModelLoadError": ("locos_tl.errors", "ModelLoadError"),
+    "parse_heads": ("locos_tl.head_spec", "parse_heads"),
     "passes_gate": ("locos_tl.answers", "passes_gate"),
     "patch_heads": ("locos_tl.patching", "patch_heads"),
     "phi_layer": ("locos_tl.kernel", "phi_layer"),
@@ -87,6 +89,7 @@ __all__ = [
     "greedy_decode",
     "head_label",
     "HeadScores",
+    "HeadSpecError",
     "load_haystacks",
     "load_model",
     "load_needle_set",
@@ -94,6 +97,7 @@ __all__ = [
     "load_trials",
     "LocosError",
     "ModelLoadError",
+    "parse_heads",
     "passes_gate",
     "patch_heads",
     "phi_layer",
@@ -166,8 +170,15 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from locos_tl.decode import DecodeResult, DecodeStep, greedy_decode
     from locos_tl.detectors import DETECTORS, get_detector
-    from locos_tl.errors import DataFormatError, LocosError, ModelLoadError, TrialError
+    from locos_tl.errors import (
+        DataFormatError,
+        HeadSpecError,
+        LocosError,
+        ModelLoadError,
+        TrialError,
+    )
     from locos_tl.evaluate import dissociation_score, evaluate
+    from locos_tl.head_spec import parse_heads
     from locos_tl.heads import HeadScores, head_label
     from locos_tl.kernel import phi_layer, spatial_contrast
     from locos_tl.models import load_model

@@ -123,8 +123,10 @@ def calibrate_means(
 
     The paper uses 50 raw-text prompts of at most 5000 tokens: for each prompt the mean
     over its token positions, then the mean of those per-prompt means (so every prompt
-    weighs the same). The prompt runs through the bridge in query chunks of
-    ``chunk_size`` with a KV cache, so memory stays ``O(chunk_size x N)``.
+    weighs the same). The prompt runs in query chunks of ``chunk_size`` with a KV cache,
+    so memory stays ``O(chunk_size x N)``: on the SDPA twin, the reading hooks run as
+    module hooks (:mod:`locos_tl.interventions`), or through the bridge when a hook the
+    twin cannot run is attached.
 
     Args:
         model: a TransformerBridge.
@@ -180,9 +182,8 @@ def calibrate_means(
             )
         for s in sums.values():
             s.zero_()
-        with model.hooks(fwd_hooks=hooks):
-            prefill(model, torch.tensor([ids], device=device), mode="bridge",
-                    chunk_size=chunk_size)
+        with intervene(model, hooks):  # on the SDPA twin as module hooks when possible
+            prefill(model, torch.tensor([ids], device=device), chunk_size=chunk_size)
         for kind in sums:
             means[kind] += sums[kind].cpu() / len(ids)
         n_tokens += len(ids)

@@ -1,7 +1,7 @@
 """Batched trials: ``B`` trials decoded together on the model's plain HF twins.
 
 :func:`run_trials_batched` returns, for each trial, exactly the record
-:func:`locos_tl.score.run_trial` returns for it alone (same fields, same values to float
+:func:`locos_tl.runner.run_trial` returns for it alone (same fields, same values to float
 rounding), so run directories, resume and aggregation do not know whether a run was
 batched. How a batch keeps every trial's numbers those of batch size 1:
 
@@ -26,9 +26,10 @@ batched. How a batch keeps every trial's numbers those of batch size 1:
   the others keep decoding.
 
 Batching needs both twins and no hook on the model: with a hook attached (a user's
-TransformerLens hook or an :func:`locos_tl.interventions.intervene` block), with ``prefill_mode="bridge"``, or when a twin cannot be built, it
-falls back to batch size 1 (:func:`locos_tl.score.run_trial`, the bridge's reference
-path) with a ``RuntimeWarning`` naming the reason. Equality with batch size 1 (every
+TransformerLens hook or an :func:`locos_tl.interventions.intervene` block), with
+``prefill_mode="bridge"`` or ``decode_engine="bridge"``, or when a twin cannot be
+built, it falls back to batch size 1 (:func:`locos_tl.runner.run_trial`, where such a
+hook fires) with a ``RuntimeWarning`` naming the reason. Equality with batch size 1 (every
 method's per-trial scores within 1e-5 in float32, generated tokens and responses
 identical, early stops, sliding windows shorter than the prompt) is tested on Qwen3,
 Gemma-3, OLMo-2 and Llama in ``tests/test_batch.py``.
@@ -37,7 +38,7 @@ Gemma-3, OLMo-2 and Llama in ``tests/test_batch.py``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,25 +52,28 @@ from locos_tl.decode import (
     StopRule,
     _cache_values,
     _new_cache,
-    _step_values,
     _stop_ids,
     check_stop_rule,
     is_newline_stop,
 )
 from locos_tl.detectors import Detector, TrialOutcome
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
+from locos_tl.runner import _to_host, non_finite_record, run_trial
 from locos_tl.trials import Trial
 from locos_tl.unembed import AnswerDirections
 
 __all__ = ["batch_fallback_reason", "run_trials_batched"]
 
 
-def batch_fallback_reason(model: Any, prefill_mode: str = "auto") -> str | None:
+def batch_fallback_reason(
+    model: Any, prefill_mode: str = "auto", decode_engine: str = "auto"
+) -> str | None:
     """Why ``model`` cannot decode trials in batches (None: it can).
 
     Batches run on the plain HF twins (:mod:`locos_tl.twin`), which fire no
     TransformerLens hook: any hook attached to the bridge (a user's, or an open
-    :func:`locos_tl.interventions.intervene` block's), ``prefill_mode="bridge"``, or a missing SDPA/eager twin routes every trial through
+    :func:`locos_tl.interventions.intervene` block's), ``prefill_mode="bridge"`` or
+    ``decode_engine="bridge"``, or a missing SDPA/eager twin routes every trial through
     the bridge one at a time instead.
     """
     from locos_tl.interventions import _lens_handles
@@ -77,6 +81,8 @@ def batch_fallback_reason(model: Any, prefill_mode: str = "auto") -> str | None:
 
     if prefill_mode == "bridge":
         return "prefill_mode='bridge' asks for the TransformerBridge path"
+    if decode_engine == "bridge":
+        return "decode_engine='bridge' asks for the TransformerBridge path"
     if any(True for _ in _lens_handles(model)):
         return "a TransformerLens hook is attached to the model (it fires only on the bridge)"
     for kind in ("sdpa", "eager"):
@@ -152,6 +158,52 @@ class _Scales:
             h.remove()
 
 
+_HAS_KV = "_kv" in getattr(DecodeStep, "__dataclass_fields__", {})
+
+
+def _aligned(before: Tensor | None, after: Tensor | None, n_row: int, layer: int) -> Tensor:
+    """The values ``[B, n_kv, n_row, d_head]`` of the ``n_row`` keys a decode step's
+    query attended to on one layer, oldest first, from the layer's cache values just
+    before and after the step (the alignment of :func:`locos_tl.decode.greedy_decode`):
+    a full-attention cache holds them all after the update; a sliding-window cache
+    (``DynamicSlidingWindowLayer``) keeps only the last ``window - 1`` keys, so they are
+    the cache before the update plus the step's new value.
+
+    Raises:
+        LocosError: the cache holds neither layout.
+    """
+    if after is not None and after.shape[-2] == n_row:
+        return after
+    if after is not None and before is not None and before.shape[-2] + 1 == n_row:
+        return torch.cat([before, after[:, :, -1:]], dim=-2)
+    raise LocosError(
+        f"layer {layer}: the attention row covers {n_row} keys but the KV cache holds "
+        f"{None if after is None else after.shape[-2]} after the step "
+        f"({None if before is None else before.shape[-2]} before); values cannot be "
+        "aligned to key positions for this cache class")
+
+
+class _AlignedValues(Sequence[Tensor]):
+    """``DecodeStep.values`` of one batch row, built only when read: layer ``l``'s
+    ``[n_keys, n_kv, d_head]`` values at the trial's absolute key positions (zeros
+    before a sliding window), from ``kv[l]`` ``[n_kv, K_l, d_head]`` (cache views)."""
+
+    def __init__(self, kv: list[Tensor], n_keys: int) -> None:
+        self._kv, self._n = kv, n_keys
+
+    def __len__(self) -> int:
+        return len(self._kv)
+
+    def __getitem__(self, layer: int) -> Tensor:  # type: ignore[override]
+        v = self._kv[layer].transpose(0, 1)
+        if v.shape[0] == self._n:
+            return v
+        return torch.cat([v.new_zeros(self._n - v.shape[0], *v.shape[1:]), v])
+
+    def __iter__(self) -> Iterator[Tensor]:
+        return (self[l] for l in range(len(self)))
+
+
 def _row_to_keys(row: Tensor, n_keys: int) -> Tensor:
     """A right-aligned row (or rows) over ``K`` padded key columns, placed at a trial's
     own ``n_keys`` absolute key positions: columns before the trial's first token are
@@ -205,8 +257,8 @@ class _Collector:
 
 def _record(model: Any, trial: Trial, detectors: Sequence[Detector], result: DecodeResult,
             col: _Collector, gate_threshold: float) -> dict[str, Any]:
-    """The trial's record, field for field as :func:`locos_tl.score.run_trial` makes it."""
-    from locos_tl.score import non_finite_record
+    """The trial's record, field for field as :func:`locos_tl.runner.run_trial` makes it
+    after its decode (detector values moved to the host in one transfer)."""
 
     def failed(reason: str) -> dict[str, Any]:
         rec = non_finite_record(trial, reason)
@@ -214,8 +266,10 @@ def _record(model: Any, trial: Trial, detectors: Sequence[Detector], result: Dec
         rec["spans"] = {d.name: d.span for d in detectors}
         return rec
 
-    if col.phi_ok and not bool(torch.stack(col.phi_ok).all()):
-        bad = int((~torch.stack(col.phi_ok)).nonzero()[0])
+    host = _to_host(col.per_step, col.prompt_vals, col.phi_ok)  # one transfer per trial
+    ok = host.pop("__phi_ok__", None)
+    if ok is not None and not bool(ok.all()):
+        bad = int((~ok).nonzero()[0])
         return failed(str(NonFiniteError(f"decoding step {bad}: phi holds NaN or inf")))
     recall = rouge1_recall(result.text, trial.answer)
     steps = answer_steps(model.tokenizer, result.generated, trial.answer,
@@ -251,14 +305,12 @@ def _record(model: Any, trial: Trial, detectors: Sequence[Detector], result: Dec
         "step_values": {},
         "meta": trial.meta,
     }
-    L = int(model.cfg.n_layers)
     for d in detectors:
         if dropped_by[d.name] is not None:
             continue
         used = d.used_steps(outcome)
-        vals = torch.stack(col.per_step[d.name]).cpu()[torch.as_tensor(used, dtype=torch.long)]
-        pv = col.prompt_vals.get(d.name)
-        pv_t = torch.stack([pv[layer].cpu() for layer in range(L)]) if pv else None
+        vals = host[d.name][torch.as_tensor(used, dtype=torch.long)]
+        pv_t = host.get(f"__prompt__{d.name}")
         score = d.trial_score(vals, prompt_values=pv_t)
         record["scores"][d.name] = None if score is None else score.tolist()
         if d.steps == "answer":
@@ -336,8 +388,11 @@ def _decode_batch(
             logits = out.logits[:, -1]  # [B, d_vocab]
             finite = torch.isfinite(logits).all(-1)
             picks = torch.where(finite, logits.argmax(-1), -1).tolist()  # one host read
-            sc = {k: v.tolist() for k, v in scales.values.items()}
-            after = [_cache_values(cache, l) for l in range(n_layers)]
+            rows_l = [a[:, :, -1, :].to(torch.float32) for a in out.attentions]  # [B, H, K_l]
+            stacked = (torch.stack(rows_l) if len({x.shape[-1] for x in rows_l}) == 1
+                       else None)  # [L, B, H, K] when no layer has a shorter window
+            vals_l = [_aligned(before[l], _cache_values(cache, l), rows_l[l].shape[-1], l)
+                      for l in range(n_layers)]  # [B, n_kv, K_l, d_head]
             keep: list[int] = []
             for b, r in enumerate(active):
                 y = int(picks[b])
@@ -348,26 +403,22 @@ def _decode_batch(
                     on_done(r)
                     continue
                 n_keys = r.key_tokens.shape[0]
-                pattern = torch.zeros(n_layers, n_heads, n_keys, device=device)
-                values = []
-                for l in range(n_layers):
-                    row = out.attentions[l][b, :, -1, :].to(torch.float32)
-                    k = min(row.shape[-1], n_keys)
-                    pattern[l, :, n_keys - k:] = row[:, row.shape[-1] - k:]
-                    a = after[l]
-                    if a is None:
-                        raise LocosError(f"layer {l}: the KV cache holds no values after the step")
-                    pb = before[l]
-                    v = _step_values(None if pb is None else pb[b:b + 1], a[b:b + 1],
-                                     row.shape[-1], l)[-k:]
-                    if k < n_keys:
-                        v = torch.cat([v.new_zeros(n_keys - k, *v.shape[1:]), v])
-                    values.append(v)
+                if stacked is not None and stacked.shape[-1] >= n_keys:  # a view, no copy
+                    pattern = stacked[:, b, :, stacked.shape[-1] - n_keys:]
+                else:
+                    pattern = torch.zeros(n_layers, n_heads, n_keys, device=device)
+                    for l in range(n_layers):
+                        row = rows_l[l][b]  # [H, K_l]
+                        k = min(row.shape[-1], n_keys)
+                        pattern[l, :, n_keys - k:] = row[:, row.shape[-1] - k:]
+                kv = [v[b, :, max(v.shape[-2] - n_keys, 0):] for v in vals_l]  # [n_kv, k, d]
+                extra = {"_kv": kv} if _HAS_KV else {}
                 step_thinking = r.in_think or y in think_open or y in think_close
                 r.on_step(DecodeStep(
-                    t=t, token=y, key_tokens=r.key_tokens, pattern=pattern, values=values,
-                    scales={k_: float(v_[b]) for k_, v_ in sc.items()}, logits=logits[b],
-                    thinking=step_thinking, _W_O=W_O, _directions=directions))
+                    t=t, token=y, key_tokens=r.key_tokens, pattern=pattern,
+                    values=_AlignedValues(kv, n_keys),
+                    scales={k_: v_[b] for k_, v_ in scales.values.items()}, logits=logits[b],
+                    thinking=step_thinking, _W_O=W_O, _directions=directions, **extra))
                 r.generated.append(y)
                 r.key_tokens = torch.cat([r.key_tokens, r.key_tokens.new_tensor([y])])
                 if _stops(r, t, y, step_thinking, tok, stop_ids, think_open, think_close,
@@ -428,14 +479,16 @@ def run_trials_batched(
     chunk_size: int | None = None,
     stop_rule: StopRule = "newline_token",
     thinking: bool = True,
+    decode_engine: str = "auto",
     on_record: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Score ``trials`` ``batch_size`` at a time; the records of :func:`run_trial`.
 
     Trials are grouped by prompt length (less padding) into batches of ``batch_size``;
     each batch is prefilled once and decoded together, each trial stopping by its own
-    rule (module docstring). Arguments as for :func:`locos_tl.score.run_trial`
-    (``directions`` is needed by phi-based detectors).
+    rule (module docstring). Arguments as for :func:`locos_tl.runner.run_trial`
+    (``directions`` is needed by phi-based detectors; ``prefill_mode``/``decode_engine``
+    ``"bridge"`` fall back to batch size 1).
 
     Args:
         model: a TransformerBridge.
@@ -447,15 +500,13 @@ def run_trials_batched(
 
     Returns:
         One record per trial, in the order of ``trials``; equal to
-        :func:`locos_tl.score.run_trial`'s (per-trial scores within float rounding,
+        :func:`locos_tl.runner.run_trial`'s (per-trial scores within float rounding,
         1e-5 in float32; tokens and responses identical).
 
     Raises:
         ValueError: ``batch_size < 1`` or an unknown stop rule.
         TrialError: an empty prompt.
     """
-    from locos_tl.score import run_trial
-
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     stop_rule = check_stop_rule(stop_rule)
@@ -467,7 +518,8 @@ def run_trials_batched(
         if on_record is not None:
             on_record(i, rec)
 
-    reason = batch_fallback_reason(model, prefill_mode) if batch_size > 1 else "batch_size=1"
+    reason = (batch_fallback_reason(model, prefill_mode, decode_engine) if batch_size > 1
+              else "batch_size=1")
     if reason is not None:
         if batch_size > 1:
             warnings.warn(f"batch_size={batch_size} falls back to batch size 1: {reason}",
@@ -476,7 +528,8 @@ def run_trials_batched(
             done(i, run_trial(model, trial, detectors, directions=directions,
                               max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
                               prefill_mode=prefill_mode, chunk_size=chunk_size,
-                              stop_rule=stop_rule, thinking=thinking))
+                              stop_rule=stop_rule, thinking=thinking,
+                              decode_engine=decode_engine))
         return out  # type: ignore[return-value]
 
     device = next(model.original_model.parameters()).device
@@ -504,16 +557,15 @@ def run_trials_batched(
                              in_think=in_think, start=None if in_think else 0,
                              key_tokens=prompt.clone()))
 
-        def finished(r: _Row) -> None:
-            from locos_tl.score import non_finite_record
-
+        def finished(r: _Row, cols_: dict[int, _Collector] = cols) -> None:
             if r.non_finite is not None:
                 rec = non_finite_record(r.trial, r.non_finite)
                 rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
                 rec["spans"] = {d.name: d.span for d in detectors}
             else:
                 result = _finish(r, tok, think_open, think_close)
-                rec = _record(model, r.trial, detectors, result, cols[r.index], gate_threshold)
+                rec = _record(model, r.trial, detectors, result, cols_[r.index],
+                              gate_threshold)
             done(r.index, rec)
 
         prompt_cbs = ({i: c.on_prompt_rows for i, c in cols.items()} if window else None)

@@ -299,12 +299,9 @@ def _hooks_attached(model: Any) -> bool:
 
 
 def _any_hook_on_bridge(model: Any) -> bool:
-    """A TransformerLens hook or a plain torch hook (other than a HookPoint's) is attached."""
-    if _hooks_attached(model):
-        return True
-    from locos_tl.interventions import _torch_hooks_on_bridge
-
-    return _torch_hooks_on_bridge(model)
+    """A TransformerLens hook is attached (plain torch hooks on bridge modules are not
+    seen, as in :func:`locos_tl.interventions.hooks_reproducible`)."""
+    return _hooks_attached(model)
 
 
 @dataclass(frozen=True)
@@ -656,11 +653,11 @@ def greedy_decode(
                 attn = [rows[l] for l in range(n_layers)] if on_step is not None else ()
                 step_scales = dict(scales)
             # the step's one host read: the token id, -1 when the logits hold NaN/inf
-            pick = torch.where(torch.isfinite(logits).all(), logits.argmax(), -1)
-            if int(pick) < 0:  # e.g. fp16 overflow: argmax would be 0
+            pick = int(torch.where(torch.isfinite(logits).all(), logits.argmax(), -1))
+            if pick < 0:  # e.g. fp16 overflow: argmax would be 0
                 raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
                                      f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
-            y = int(pick) if forced_tokens is None else int(forced_tokens[t])
+            y = pick if forced_tokens is None else int(forced_tokens[t])
             step_thinking = in_think or y in think_open or y in think_close
             if on_step is not None:
                 pattern, kv = _assemble(attn, cache, before, n_keys)

@@ -20,7 +20,8 @@ How a run works:
   workers in a row stops the run (its finished records stay on disk).
 - Head scores are aggregated from the records in the input trial order with the same
   code as :func:`locos_tl.score.score_trials`, so N workers give exactly the
-  single-process scores.
+  single-process scores. This is the Ray *executor*: it imports only the trial runner
+  (:mod:`locos_tl.runner`), never the local executor or :mod:`locos_tl.score`.
 - Without ``ray_address`` a local Ray cluster is started for the run and shut down at
   its end (a cluster already initialised in this process, e.g. by ``ray.init()`` in a
   notebook, is used and left running).
@@ -554,19 +555,20 @@ class ScoreSpec:
     stop_rule: str = "newline_token"
     thinking: bool = True
     spans: tuple[tuple[str, str], ...] = ()  # per-method span overrides
+    decode_engine: str = "auto"
 
 
 @dataclass(frozen=True)
 class ScoreTask:
     """One trial to score on a :class:`ModelHost`: returns its record (see
-    :func:`locos_tl.score.run_trial`)."""
+    :func:`locos_tl.runner.run_trial`)."""
 
     spec: ScoreSpec
     trial: Any
 
     def __call__(self, host: ModelHost) -> dict[str, Any]:
         from locos_tl.detectors import get_detector
-        from locos_tl.score import run_trial
+        from locos_tl.runner import run_trial
         from locos_tl.unembed import AnswerDirections
 
         s = self.spec
@@ -581,7 +583,22 @@ class ScoreTask:
         return run_trial(host.model, self.trial, detectors, directions=directions,
                          max_new_tokens=s.max_new_tokens, gate_threshold=s.gate_threshold,
                          prefill_mode=s.prefill_mode, chunk_size=s.chunk_size,
-                         stop_rule=s.stop_rule, thinking=s.thinking)  # type: ignore[arg-type]
+                         stop_rule=s.stop_rule, thinking=s.thinking,  # type: ignore[arg-type]
+                         decode_engine=s.decode_engine)
+
+
+@dataclass(frozen=True)
+class EnginePathsTask:
+    """Which prefill and decode paths a worker's model takes
+    (:func:`locos_tl.decode.engine_paths`), for ``meta["engine"]``."""
+
+    prefill_mode: str = "auto"
+    decode_engine: str = "auto"
+
+    def __call__(self, host: ModelHost) -> dict[str, Any]:
+        from locos_tl.decode import engine_paths
+
+        return engine_paths(host.model, self.prefill_mode, self.decode_engine)
 
 
 def worker_model_source(
@@ -662,6 +679,7 @@ def score_trials_distributed(
     spans: dict[str, str] | None = None,
     pool: RayPool | None = None,
     on_record: Callable[[ResultEvent], None] | None = None,
+    decode_engine: str = "auto",
     **pool_kwargs: Any,
 ) -> Any:
     """:func:`locos_tl.score.score_trials` on ``workers`` Ray actors; identical results.
@@ -685,8 +703,8 @@ def score_trials_distributed(
         load_kwargs: :func:`locos_tl.load_model` arguments (``dtype``, ``device``,
             ``device_map``); default: float32, CUDA when the worker has a GPU.
         method, methods, variant, max_new_tokens, out_dir, seed, gate_threshold,
-            progress, prefill_mode, chunk_size, stop_rule, thinking, spans: as in
-            :func:`~locos_tl.score.score_trials`.
+            progress, prefill_mode, chunk_size, stop_rule, thinking, spans,
+            decode_engine: as in :func:`~locos_tl.score.score_trials`.
         pool: an open :func:`model_pool` to run on (left open); default: a pool for
             this call.
         on_record: driver-side callback per finished trial (progress, tests).
@@ -712,7 +730,7 @@ def score_trials_distributed(
     from locos_tl.answers import GATE_THRESHOLD
     from locos_tl.detectors import get_detector
     from locos_tl.records import RecordStore
-    from locos_tl.score import (
+    from locos_tl.runner import (
         RESUME_KEYS,
         aggregate,
         check_spans,
@@ -738,7 +756,7 @@ def score_trials_distributed(
     spec = ScoreSpec(methods=tuple(names), variant=variant, max_new_tokens=max_new_tokens,
                      gate_threshold=gate, prefill_mode=prefill_mode, chunk_size=chunk_size,
                      stop_rule=check_stop_rule(stop_rule), thinking=thinking,
-                     spans=tuple(sorted(spans.items())))
+                     spans=tuple(sorted(spans.items())), decode_engine=decode_engine)
     with _model_pool_for(model_name_or_path, pool, workers=workers, ray_address=ray_address,
                          load_kwargs=load_kwargs, **pool_kwargs) as pool:
         info = pool.info()
@@ -755,6 +773,7 @@ def score_trials_distributed(
                                 thinking=thinking, spans=used_spans)
         store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
         meta = {**info["provenance"], "settings": settings}
+        meta["engine"] = pool.map([EnginePathsTask(prefill_mode, decode_engine)])[0]
         if store is not None:
             store.write_meta(meta)
             from locos_tl.rundir import prune_stale_methods

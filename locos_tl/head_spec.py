@@ -237,8 +237,9 @@ def parse_ks(
         allow_empty: accept an empty list (then ``[]``).
 
     Raises:
-        HeadSpecError: no value (unless ``allow_empty``); a value that is not an integer, below 1 (0 with
-            ``allow_zero``), or above ``n_total``; the message lists the valid range.
+        HeadSpecError: no value (unless ``allow_empty``); a value that is not an
+            integer, below 1 (0 with ``allow_zero``), or above ``n_total``; the message
+            lists the valid range.
     """
     lo = 0 if allow_zero else 1
     rng = f"in {lo}..{n_total}" if n_total is not None else f">= {lo}"

@@ -8,19 +8,15 @@ input of ``W_O``). :func:`intervene` attaches such hooks to the bridge -- the re
 -- and the *same hook functions*, wrapped as plain torch module hooks, to the SDPA twin
 (:mod:`locos_tl.twin`), whose modules compute exactly those tensors:
 
-=====================================  ==============================================
-TransformerLens hook point             twin module hook (``model.layers.{l}.self_attn``)
-=====================================  ==============================================
-``attn.hook_q`` (= ``attn.q.hook_out``)  forward hook on ``q_proj``: its output
-                                       ``[b, pos, H * d_head]`` viewed as
-                                       ``[b, pos, H, d_head]``
-``attn.hook_z`` (= ``attn.o.hook_in``)   forward pre-hook on ``o_proj``: its input, z
-                                       flattened over heads, viewed the same way
-``attn.q_norm.hook_in``                forward pre-hook on ``q_norm`` (input as is)
-``attn.hook_q_normed``                 forward hook on ``q_norm`` (output as is)
-=====================================  ==============================================
+- ``attn.hook_q`` (= ``attn.q.hook_out``): a forward hook on ``q_proj`` (of
+  ``model.layers.{l}.self_attn``), its output ``[b, pos, H * d_head]`` viewed as
+  ``[b, pos, H, d_head]``;
+- ``attn.hook_z`` (= ``attn.o.hook_in``): a forward pre-hook on ``o_proj``, its input
+  (z flattened over heads) viewed the same way;
+- ``attn.q_norm.hook_in`` / ``attn.hook_q_normed``: a forward pre-hook / forward hook
+  on ``q_norm``, its input / output as is.
 
-The two ``q_norm`` rows hold only for a *shared* query norm (OLMo-2/3: one RMSNorm over
+The ``q_norm`` pair holds only for a *shared* query norm (OLMo-2/3: one RMSNorm over
 ``H * d_head``), where TransformerLens and HF see the same ``[b, pos, H * d_head]``
 tensor; on a per-head norm TransformerLens sees another layout, so such a hook has no
 twin equivalent. Any other hook point also has none.

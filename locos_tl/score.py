@@ -1,5 +1,9 @@
 """Scoring heads over trials: one greedy decode per trial feeds every detector.
 
+:func:`score_trials` picks an executor -- local (:mod:`locos_tl.local`) or Ray
+(:mod:`locos_tl.distributed`) -- above the one trial runner (:mod:`locos_tl.runner`,
+whose names are re-exported here: ``run_trial``, ``run_settings``, ``aggregate``, ...).
+
 Pipeline per trial (docs/concepts.md): free greedy decoding (at most
 ``max_new_tokens``, stop at the bare newline token / EOS, a ``<think>`` block
 skipped) -> ROUGE-1 recall gate (> 0.5) -> answer steps -> per-step head values of
@@ -10,255 +14,43 @@ workers aggregate identically.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-from tqdm.auto import tqdm
-
-from locos_tl.acceptance import acceptance_counts
-from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
-from locos_tl.decode import DecodeStep, StopRule, check_stop_rule, greedy_decode
-from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome, get_detector
-from locos_tl.errors import NonFiniteError, TrialError
+from locos_tl.answers import GATE_THRESHOLD
+from locos_tl.decode import StopRule, check_stop_rule, engine_paths
+from locos_tl.detectors import get_detector
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models import model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.rundir import prune_stale_methods
-from locos_tl.trials import Trial, trial_set_hash
+from locos_tl.runner import (  # re-exported: the runner's names stay importable from here
+    RESUME_KEYS,
+    aggregate,
+    check_spans,
+    check_trials_fit,
+    finished_record,
+    method_spans,
+    model_dtype,
+    non_finite_record,
+    run_settings,
+    run_trial,
+    write_acceptance,
+)
+from locos_tl.trials import Trial
 from locos_tl.unembed import AnswerDirections, check_variant
 
-RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold", "stop_rule",
-               "thinking")
+__all__ = ["RESUME_KEYS", "DISTRIBUTED_OPTIONS", "aggregate", "check_spans", "check_trials_fit",
+           "finished_record", "method_spans", "model_dtype", "non_finite_record",
+           "run_settings", "run_trial", "score_trials", "write_acceptance"]
 
-
-def model_dtype(model: Any) -> str:
-    """``"float32"``, ``"bfloat16"``, ... of the model's parameters."""
-    return str(next(model.parameters()).dtype).replace("torch.", "")
-
-
-def run_settings(
-    model: str, dtype: str, *, variant: str, methods: Sequence[str], max_new_tokens: int,
-    gate_threshold: float, seed: int, trials: Sequence[Trial],
-    stop_rule: str = "newline_token", thinking: bool = True,
-    spans: dict[str, str] | None = None,
-) -> dict[str, Any]:
-    """The settings recorded in ``meta.json``; :data:`RESUME_KEYS` of them must match for
-    a run directory to be resumed (single-process and distributed runs alike).
-    ``spans`` (method -> span name) is recorded, not a resume key: a record made with
-    another span for a method reruns (:func:`finished_record`)."""
-    return {
-        "model": model,
-        "dtype": dtype,
-        "variant": variant,
-        "methods": list(methods),
-        "max_new_tokens": max_new_tokens,
-        "gate_threshold": gate_threshold,
-        "stop_rule": stop_rule,
-        "thinking": thinking,
-        "spans": dict(spans or {}),
-        "seed": seed,
-        "n_trials": len(trials),
-        "trial_set_hash": trial_set_hash(trials),
-    }
-
-
-def finished_record(
-    store: RecordStore | None, trial: Trial, methods: Sequence[str],
-    spans: dict[str, str] | None = None,
-) -> dict[str, Any] | None:
-    """The stored record of ``trial`` when it can be reused, else None: not run yet, run
-    without a decision for some of ``methods`` (then it reruns for the new ones; records
-    written before per-method acceptance always rerun), or run with another span for
-    a method than ``spans`` (method -> span name) asks."""
-    rec = store.get(trial.trial_id) if store is not None else None
-    if rec is None:
-        return None
-    decided = rec.get("dropped_by") or {}
-    if any(m not in decided for m in methods):
-        return None
-    if spans and any((rec.get("spans") or {}).get(m) != sp for m, sp in spans.items()):
-        return None
-    return rec
-
-
-def method_spans(detectors: Sequence[Detector]) -> dict[str, str]:
-    """Method -> the span name its detector reads (recorded in settings and meta)."""
-    return {d.name: d.span for d in detectors}
-
-
-def check_spans(spans: dict[str, str] | None, methods: Sequence[str]) -> dict[str, str]:
-    """Validate per-method span overrides (``{"locos": "answer"}``).
-
-    Raises:
-        ValueError: a method that is not being scored, or a span other than
-            ``"needle"``/``"answer"``.
-    """
-    spans = dict(spans or {})
-    for m, sp in spans.items():
-        if m not in methods:
-            raise ValueError(f"spans names method {m!r}, which is not scored ({list(methods)})")
-        if sp not in SPAN_NAMES:
-            raise ValueError(f"span {sp!r} for {m!r}: use 'needle' or 'answer'")
-    return spans
-
-
-def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
-    """Fail before any work when a trial cannot run on ``model``.
-
-    Raises:
-        TrialError: a prompt (+ ``max_new_tokens``) exceeds ``n_ctx``, a token id is
-            outside the vocabulary, or a needle span lies outside its prompt.
-    """
-    n_ctx = getattr(model.cfg, "n_ctx", None)
-    d_vocab = int(model.cfg.d_vocab)
-    for i, t in enumerate(trials):
-        if not isinstance(t, Trial):
-            raise TrialError(f"trials[{i}] is a {type(t).__name__}, not a Trial (build "
-                             "trials with locos_tl.build_*_trials, Trial(...) or load_trials)")
-        if n_ctx and t.n_tokens + max_new_tokens - 1 > n_ctx:
-            raise TrialError(
-                f"trial {i} ({t.trial_id}): prompt of {t.n_tokens} tokens + {max_new_tokens} "
-                f"new tokens is longer than the model's context n_ctx={n_ctx}"
-            )
-        if max(t.tokens) >= d_vocab or min(t.tokens) < 0:
-            raise TrialError(
-                f"trial {i} ({t.trial_id}): token id {max(t.tokens)} outside the model's "
-                f"vocabulary of {d_vocab} (trials built with another tokenizer?)"
-            )
-
-
-def non_finite_record(trial: Trial, reason: str) -> dict[str, Any]:
-    """The record of a trial whose forward pass produced NaN or inf (logits, or phi of a
-    phi-based detector): dropped with reason ``"non_finite"``, and a ``RuntimeWarning``."""
-    warnings.warn(f"trial {trial.trial_id} dropped (non_finite): {reason}", RuntimeWarning,
-                  stacklevel=3)
-    return {
-        "trial_id": trial.trial_id, "n_prompt_tokens": trial.n_tokens,
-        "needle_span": list(trial.needle_span), "answer": trial.answer, "response": "",
-        "generated": [], "stopped_by": "non_finite", "rouge1_recall": 0.0,
-        "accepted": False, "dropped": "non_finite", "non_finite": reason,
-        "answer_steps": [], "scores": {}, "step_values": {}, "meta": trial.meta,
-    }
-
-
-def run_trial(
-    model: Any,
-    trial: Trial,
-    detectors: Sequence[Detector],
-    *,
-    directions: AnswerDirections | None,
-    max_new_tokens: int = 50,
-    gate_threshold: float = GATE_THRESHOLD,
-    prefill_mode: str = "auto",
-    chunk_size: int | None = None,
-    stop_rule: StopRule = "newline_token",
-    thinking: bool = True,
-) -> dict[str, Any]:
-    """Decode one trial and return its record (JSON-serialisable).
-
-    ``stop_rule`` and ``thinking`` as in :func:`locos_tl.decode.greedy_decode`; answer
-    steps are searched only after a thinking block (``response_start``).
-
-    Record fields: ``trial_id``, ``response``, ``generated``, ``rouge1_recall``,
-    ``accepted`` (gate passed and an answer step found), ``dropped`` (``None``,
-    ``"gate"``, ``"no_answer_step"`` or ``"non_finite"``: NaN/inf logits or phi, with a
-    ``RuntimeWarning`` and the reason in ``non_finite``), ``answer_steps``, ``scores`` (method ->
-    ``[n_layers][n_heads]`` per-trial score), ``step_values`` (method -> values of the
-    used steps, answer-step methods only), ``meta``. ``accepted``/``dropped`` are the
-    answer-step rule (LOCOS); each method accepts by its own published rule
-    (``Detector.drop_reason``): ``dropped_by`` maps method -> ``None`` (counted) or the
-    reason, and only counted methods get a score. ``spans`` maps method -> the span
-    name it read (``"needle"``/``"answer"``, :meth:`Trial.span`); ``needle_span`` and
-    ``answer_span`` are the trial's spans.
-    """
-    per_step: dict[str, list[torch.Tensor]] = {d.name: [] for d in detectors}
-    needs_phi = any(d.needs_phi for d in detectors)
-    phi_ok: list[torch.Tensor] = []  # per-step finiteness of phi, read once at the end
-    spans = {d.name: trial.span(d.span) for d in detectors}  # each method's own span
-    window = max((d.prompt_window for d in detectors), default=0)
-    prompt_vals: dict[str, dict[int, torch.Tensor]] = {
-        d.name: {} for d in detectors if d.prompt_window}
-
-    def on_step(step: DecodeStep) -> None:
-        if needs_phi:
-            phi_ok.append(torch.isfinite(step.phi).all())
-        for d in detectors:
-            if d.steps == "prompt" and step.t > 0:  # prompt-only: step 0 is position N-1
-                continue
-            per_step[d.name].append(d.step_value(step, spans[d.name]).cpu())
-
-    def on_prompt_rows(layer: int, rows: torch.Tensor) -> None:
-        for d in detectors:
-            if d.prompt_window:
-                prompt_vals[d.name][layer] = d.prompt_value(rows, spans[d.name]).cpu()
-
-    try:
-        result = greedy_decode(
-            model, trial.tokens, max_new_tokens=max_new_tokens, on_step=on_step,
-            directions=directions, prefill_mode=prefill_mode, chunk_size=chunk_size,
-            stop_rule=stop_rule, thinking=thinking, prompt_window=window,
-            on_prompt_rows=on_prompt_rows if window else None,
-        )
-        if phi_ok and not bool(torch.stack(phi_ok).all()):
-            bad = int((~torch.stack(phi_ok)).nonzero()[0])
-            raise NonFiniteError(f"decoding step {bad}: phi holds NaN or inf")
-    except NonFiniteError as exc:
-        rec = non_finite_record(trial, str(exc))
-        rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
-        rec["spans"] = {d.name: d.span for d in detectors}
-        return rec
-    recall = rouge1_recall(result.text, trial.answer)
-    steps = answer_steps(model.tokenizer, result.generated, trial.answer,
-                         start=result.response_start)
-    dropped = None
-    if recall <= gate_threshold:
-        dropped = "gate"
-    elif not steps:
-        dropped = "no_answer_step"
-    outcome = TrialOutcome(
-        generated=list(result.generated), response=result.text, answer=trial.answer,
-        rouge1_recall=recall, answer_steps=list(steps), gate_threshold=gate_threshold,
-        tokenizer=model.tokenizer, response_start=result.response_start,
-    )
-    dropped_by = {d.name: d.drop_reason(outcome) for d in detectors}
-    record: dict[str, Any] = {
-        "trial_id": trial.trial_id,
-        "n_prompt_tokens": trial.n_tokens,
-        "needle_span": list(trial.needle_span),
-        "answer_span": None if trial.answer_span is None else list(trial.answer_span),
-        "spans": {d.name: d.span for d in detectors},
-        "answer": trial.answer,
-        "response": result.text,
-        "generated": result.generated,
-        "stopped_by": result.stopped_by,
-        "response_start": result.response_start,
-        "rouge1_recall": recall,
-        "accepted": dropped is None,
-        "dropped": dropped,
-        "dropped_by": dropped_by,
-        "answer_steps": steps,
-        "scores": {},
-        "step_values": {},
-        "meta": trial.meta,
-    }
-    L = int(model.cfg.n_layers)
-    for d in detectors:
-        if dropped_by[d.name] is not None:
-            continue
-        used = d.used_steps(outcome)
-        vals = torch.stack(per_step[d.name])[torch.as_tensor(used, dtype=torch.long)]
-        pv = prompt_vals.get(d.name)
-        pv_t = torch.stack([pv[layer] for layer in range(L)]) if pv else None
-        score = d.trial_score(vals, prompt_values=pv_t)
-        record["scores"][d.name] = None if score is None else score.tolist()
-        if d.steps == "answer":
-            record["step_values"][d.name] = vals.tolist()
-    return record
+#: Keyword options of :func:`score_trials` that only the Ray executor reads.
+DISTRIBUTED_OPTIONS: tuple[str, ...] = (
+    "load_kwargs", "num_gpus_per_worker", "num_cpus_per_worker", "max_restarts",
+    "max_attempts", "ray_init_kwargs", "pool", "on_record")
 
 
 def score_trials(
@@ -278,9 +70,19 @@ def score_trials(
     stop_rule: StopRule = "newline_token",
     thinking: bool = True,
     spans: dict[str, str] | None = None,
+    decode_engine: str = "auto",
+    batch_size: int = 1,
     workers: int = 1,
     ray_address: str | None = None,
-    **distributed_kwargs: Any,
+    load_kwargs: dict[str, Any] | None = None,
+    num_gpus_per_worker: float | None = None,
+    num_cpus_per_worker: float | None = None,
+    max_restarts: int | None = None,
+    max_attempts: int | None = None,
+    ray_init_kwargs: dict[str, Any] | None = None,
+    pool: Any = None,
+    on_record: Callable[..., None] | None = None,
+    **unknown: Any,
 ) -> HeadScores | dict[str, HeadScores]:
     """Score every attention head over retrieval trials.
 
@@ -321,10 +123,23 @@ def score_trials(
             the model from its name/path (``model`` may then be that name/path, or a
             bridge whose recorded path and dtype are reused); identical scores; needs
             ``pip install "locos_tl[ray]"``. See :mod:`locos_tl.distributed`.
+        decode_engine: ``"auto"`` (default), ``"twin"`` or ``"bridge"``: the engine of
+            the decode steps (:func:`locos_tl.decode.step_engine`). The prefill and
+            decode paths that ran, with any fallback reason, are recorded in
+            ``meta.json`` and ``HeadScores.meta`` under ``"engine"``.
+        batch_size: decode this many trials together on the model's plain HF twins
+            (:mod:`locos_tl.batch`): left-padded prompts with explicit positions, so
+            every record (tokens, responses, per-trial scores within float rounding)
+            equals batch size 1's; trials are grouped by prompt length, and one that
+            stops early leaves the batch. Falls back to 1 with a ``RuntimeWarning``
+            when a hook is attached or no twin exists; recorded in ``meta.json``
+            (``engine.batch_size``). Local runs only (the Ray executor warns, runs 1).
         ray_address: a running Ray cluster; None starts a local one for the run.
-        **distributed_kwargs: more options of
-            :func:`locos_tl.distributed.score_trials_distributed` (``load_kwargs``,
-            ``num_gpus_per_worker``, ...).
+        load_kwargs, num_gpus_per_worker, num_cpus_per_worker, max_restarts,
+            max_attempts, ray_init_kwargs, pool, on_record: Ray executor options
+            (:data:`DISTRIBUTED_OPTIONS`, see
+            :func:`locos_tl.distributed.score_trials_distributed`); giving one runs
+            on Ray.
 
     Returns:
         :class:`HeadScores` (``[n_layers, n_heads]`` scores, CI, per-trial scores), or a
@@ -339,13 +154,34 @@ def score_trials(
         LocosError: ``out_dir`` holds a run made with other settings or over another
             trial set (the message names both trial-set hashes).
         DistributedError: ``workers`` > 1 without Ray installed (says how to install it).
+        TypeError: an unknown keyword (the message names it and the accepted options).
     """
+    if unknown:
+        import inspect
+
+        accepted = sorted(k for k, p in inspect.signature(score_trials).parameters.items()
+                          if p.kind is p.KEYWORD_ONLY)
+        raise TypeError(f"score_trials() got unknown keyword(s) {sorted(unknown)}; accepted "
+                        f"options: {', '.join(accepted)}")
+    dist = {k: v for k, v in dict(
+        load_kwargs=load_kwargs, num_gpus_per_worker=num_gpus_per_worker,
+        num_cpus_per_worker=num_cpus_per_worker, max_restarts=max_restarts,
+        max_attempts=max_attempts, ray_init_kwargs=ray_init_kwargs, pool=pool,
+        on_record=on_record).items() if v is not None}
     if isinstance(methods, str):  # one name, as methods=[name] (a dict is returned)
         methods = [methods]
     if not isinstance(method, str):
         raise ValueError(f"method must be one method name, got {method!r}; pass several "
                          "as methods=[...]")
-    if workers > 1 or ray_address is not None or distributed_kwargs:
+    if as_int(batch_size, "batch_size") < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    if workers > 1 or ray_address is not None or dist:  # the Ray executor
+        if batch_size > 1:
+            import warnings
+
+            warnings.warn(f"batch_size={batch_size} is not used by the Ray executor: each "
+                          "worker decodes one trial at a time (same records)",
+                          RuntimeWarning, stacklevel=2)
         from locos_tl.distributed import score_trials_distributed
 
         return score_trials_distributed(  # the workers load `model` (name, path or bridge's)
@@ -353,7 +189,7 @@ def score_trials(
             method=method, methods=methods, variant=variant, max_new_tokens=max_new_tokens,
             out_dir=out_dir, seed=seed, gate_threshold=gate_threshold, progress=progress,
             prefill_mode=prefill_mode, chunk_size=chunk_size, stop_rule=stop_rule,
-            thinking=thinking, spans=spans, **distributed_kwargs,
+            thinking=thinking, spans=spans, decode_engine=decode_engine, **dist,
         )
     names = list(methods) if methods is not None else [method]
     if not names:
@@ -376,82 +212,33 @@ def score_trials(
                             spans=method_spans(detectors))
     store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
     meta = provenance(model, settings)
+    meta["engine"] = engine_paths(model, prefill_mode, decode_engine)  # which paths run
+    if batch_size > 1:  # batched decoding, or why it fell back to one trial at a time
+        from locos_tl.batch import batch_fallback_reason
+
+        why = batch_fallback_reason(model, prefill_mode, decode_engine)
+        meta["engine"].update(batch_size=1 if why else batch_size, batch_reason=why)
     if store is not None:
         store.write_meta(meta)
         prune_stale_methods(out_dir, names)  # the run's other outputs follow meta.json
-    records: list[dict[str, Any]] = []
-    for trial in tqdm(trials, desc="scoring trials", unit="trial", disable=not progress):
-        rec = finished_record(store, trial, names, method_spans(detectors))
-        if rec is None:
-            rec = run_trial(model, trial, detectors, directions=directions,
-                            max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
-                            prefill_mode=prefill_mode, chunk_size=chunk_size,
-                            stop_rule=stop_rule, thinking=thinking)
-            if store is not None:
-                store.append(rec)
-        records.append(rec)
-    write_acceptance(store, meta, records, names)
-    return aggregate(records, names, model=model, variant=variant, meta=meta, seed=seed,
+    records: list[dict[str, Any] | None] = [
+        finished_record(store, trial, names, method_spans(detectors)) for trial in trials]
+    todo = [i for i, rec in enumerate(records) if rec is None]
+
+    def keep(j: int, rec: dict[str, Any]) -> None:
+        if store is not None:
+            store.append(rec)
+        records[todo[j]] = rec
+
+    from locos_tl.local import run_trials_local  # the local executor
+
+    run_trials_local(model, [trials[i] for i in todo], detectors, on_record=keep,
+                     progress=progress, directions=directions, max_new_tokens=max_new_tokens,
+                     gate_threshold=gate_threshold, prefill_mode=prefill_mode,
+                     chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
+                     decode_engine=decode_engine, batch_size=batch_size,
+                     chunk=max(len(todo), 1) if batch_size > 1 else 1)
+    write_acceptance(store, meta, records, names)  # type: ignore[arg-type]
+    return aggregate(records, names, model=model,  # type: ignore[arg-type]
+                     variant=variant, meta=meta, seed=seed,
                      as_dict=methods is not None)
-
-
-def _span_used(records: Sequence[dict[str, Any]], method: str) -> str | list[str] | None:
-    """The span name ``method`` read in ``records`` (a sorted list when they differ)."""
-    used = sorted({str(sp) for r in records
-                   if (sp := (r.get("spans") or {}).get(method)) is not None})
-    return used[0] if len(used) == 1 else (used or None)
-
-
-def write_acceptance(
-    store: RecordStore | None, meta: dict[str, Any], records: Sequence[dict[str, Any]],
-    methods: Sequence[str],
-) -> None:
-    """Add ``acceptance`` (method -> :func:`locos_tl.acceptance.acceptance_counts`) to
-    ``meta`` and rewrite ``meta.json`` with it (when there is a run directory)."""
-    meta["acceptance"] = {m: acceptance_counts(records, m) for m in methods}
-    if store is not None:
-        store.write_meta(meta)
-
-
-def aggregate(
-    records: Sequence[dict[str, Any]],
-    methods: Sequence[str],
-    *,
-    model: Any,
-    variant: str,
-    meta: dict[str, Any],
-    seed: int = 0,
-    as_dict: bool | None = None,
-) -> HeadScores | dict[str, HeadScores]:
-    """Build :class:`HeadScores` from per-trial records (order-independent).
-
-    Returns a ``{method: HeadScores}`` dict when ``as_dict`` (default: when there are
-    several methods), else the one method's :class:`HeadScores`.
-
-    Acceptance is per method (:mod:`locos_tl.acceptance`): each method's ``meta`` holds
-    its own ``n_trials``, ``n_accepted`` and ``n_dropped_<reason>`` counts, the ``span``
-    it read (the span name, or a list when records differ), and ``acceptance`` (every
-    method's counts).
-
-    Warns (``RuntimeWarning``, with the drop counts) when a method accepted no trial.
-    """
-    per_method = {m: acceptance_counts(records, m) for m in methods}
-    for m, counts in per_method.items():
-        if records and counts["n_accepted"] == 0:
-            warnings.warn(
-                f"{m}: no trial was accepted: 0 of {counts['n_trials']} ("
-                f"{counts['n_dropped_gate']} failed the gate, "
-                f"{counts['n_dropped_no_answer_step']} had no answer step, "
-                f"{counts['n_dropped_non_finite']} had NaN/inf numbers); every head score "
-                "is NaN and rankings (top_k, ranked) refuse", RuntimeWarning, stacklevel=3)
-    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    out = {
-        m: HeadScores.from_records(
-            records, m, n_layers=L, n_heads=H, variant=variant, seed=seed,
-            meta={**meta, **per_method[m], "span": _span_used(records, m),
-                  "acceptance": per_method})
-        for m in methods
-    }
-    if as_dict is None:
-        as_dict = len(methods) > 1
-    return out if as_dict else out[methods[0]]

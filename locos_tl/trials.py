@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import operator
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,26 +42,34 @@ class Trial:
             anchor variant the needle span (docs/concepts.md, protocol table).
 
     Raises:
-        TrialError: on an empty answer, an empty prompt, or a needle span that is
+        TrialError: on ``tokens`` that are not a sequence of non-negative integer ids
+            (a string, None, floats: the message names the field), a span that is not
+            a ``(start, end)`` pair of integers, a non-string answer, an empty
+            answer, an empty prompt, or a needle span that is
             empty, outside the prompt or covering the whole prompt (no off-needle
             position is left for the contrast of arXiv 2607.01002 Eq. 3); an answer
             span that is empty or outside the prompt.
     """
 
-    tokens: Sequence[int]  # stored as a tuple of ints
-    needle_span: Sequence[int]  # stored as a (s, e) tuple
+    # tokens and spans are annotated Any so that a wrong type (None, a str, floats, a
+    # numpy array) reaches __post_init__'s TrialError instead of a type-checker error
+    tokens: Any  # Sequence[int]; stored as a tuple of ints
+    needle_span: Any  # Sequence[int]; stored as a (s, e) tuple
     answer: str
     prompt: str = ""
     meta: dict[str, Any] = field(default_factory=dict)
     trial_id: str = ""
-    answer_span: Sequence[int] | None = None  # stored as a (a, b) tuple or None
+    answer_span: Any = None  # Sequence[int] | None; stored as a (a, b) tuple or None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
-        s, e = (int(x) for x in self.needle_span)
+        object.__setattr__(self, "tokens", _token_ids(self.tokens))
+        s, e = _span(self.needle_span, "needle_span")
         object.__setattr__(self, "needle_span", (s, e))
         if not self.tokens:
-            raise TrialError("trial has an empty prompt (no tokens)")
+            raise TrialError("trial has an empty prompt (no tokens): Trial.tokens is empty")
+        if not isinstance(self.answer, str):
+            raise TrialError(f"Trial.answer must be a str (the gold answer), got "
+                             f"{type(self.answer).__name__} {self.answer!r}")
         if not self.answer or not self.answer.strip():
             raise TrialError("trial has an empty gold answer")
         if not 0 <= s < e <= len(self.tokens):
@@ -75,7 +84,7 @@ class Trial:
                 "the off-needle mass by n / (N_t - n), undefined at the first step)"
             )
         if self.answer_span is not None:
-            a, b = (int(x) for x in self.answer_span)
+            a, b = _span(self.answer_span, "answer_span")
             object.__setattr__(self, "answer_span", (a, b))
             if not 0 <= a < b <= len(self.tokens):
                 raise TrialError(
@@ -219,6 +228,79 @@ class Trial:
         s, e = span_from_offsets(offsets, start, end, prompt)
         return cls(tokens=tuple(ids), needle_span=(s, e), answer=answer, prompt=prompt,
                    meta=dict(meta or {}))
+
+
+def _int(x: Any, what: str) -> int:
+    """``x`` as a Python int (numpy and 0-d torch integers too); refuses bools, floats
+    (even ``2.0``) and anything else with a :class:`TrialError` naming ``what``."""
+    dtype = str(getattr(x, "dtype", ""))
+    if not isinstance(x, bool) and not any(k in dtype for k in ("bool", "float", "complex")):
+        try:
+            return operator.index(x)
+        except TypeError:
+            pass
+    raise TrialError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
+
+
+def _token_ids(tokens: Any) -> tuple[int, ...]:
+    """``Trial.tokens`` as a tuple of non-negative ints.
+
+    Raises:
+        TrialError: a string, a non-sequence, or a non-integer or negative id (named)."""
+    if isinstance(tokens, (str, bytes)):
+        raise TrialError(
+            f"Trial.tokens must be a sequence of token ids (ints), got a "
+            f"{type(tokens).__name__} {tokens[:40]!r}; tokenize the text first "
+            "(Trial.from_text, or locos_tl.tokenize.encode_prompt)")
+    if isinstance(tokens, Mapping) or not isinstance(tokens, Iterable):
+        raise TrialError(f"Trial.tokens must be a sequence of token ids (ints), got "
+                         f"{type(tokens).__name__} {tokens!r}"[:200])
+    out = tuple(_int(t, f"Trial.tokens[{i}]") for i, t in enumerate(tokens))
+    for i, t in enumerate(out):
+        if t < 0:
+            raise TrialError(f"Trial.tokens[{i}] = {t} is negative (not a token id)")
+    return out
+
+
+def _span(span: Any, what: str) -> tuple[int, int]:
+    """A ``(start, end)`` pair of ints from ``span``.
+
+    Raises:
+        TrialError: not a pair, or a non-integer bound; the message names ``what``."""
+    if isinstance(span, (str, bytes, Mapping)) or not isinstance(span, Iterable):
+        raise TrialError(f"Trial.{what} must be a (start, end) pair of token indices, "
+                         f"got {type(span).__name__} {span!r}"[:200])
+    pair = list(span)
+    if len(pair) != 2:
+        raise TrialError(f"Trial.{what} must be a (start, end) pair of token indices, "
+                         f"got {len(pair)} value(s) {pair!r}"[:200])
+    return _int(pair[0], f"Trial.{what} start"), _int(pair[1], f"Trial.{what} end")
+
+
+def as_trial_list(trials: Any, where: str) -> list[Trial]:
+    """``trials`` as a list, refusing one bare :class:`Trial` and non-trial items.
+
+    Args:
+        trials: a sequence (or any iterable) of :class:`Trial`.
+        where: the calling function's name, for the message.
+
+    Raises:
+        TrialError: ``trials`` is one Trial (pass ``[trial]``), a string, a mapping or
+            not iterable, or an item is not a Trial (the message names its index).
+    """
+    if isinstance(trials, Trial):
+        raise TrialError(f"{where}() got one Trial: pass a list of trials, e.g. [trial]")
+    if isinstance(trials, (str, bytes, Mapping)) or not isinstance(trials, Iterable):
+        raise TrialError(f"{where}() needs a list of trials, got {type(trials).__name__}: "
+                         "pass a list of trials (build them with locos_tl.build_*_trials, "
+                         "Trial(...) or load_trials)")
+    out = list(trials)
+    for i, t in enumerate(out):
+        if not isinstance(t, Trial):
+            raise TrialError(f"{where}(): trials[{i}] is a {type(t).__name__}, not a Trial: "
+                             "pass a list of trials (build them with "
+                             "locos_tl.build_*_trials, Trial(...) or load_trials)")
+    return out
 
 
 def span_from_offsets(

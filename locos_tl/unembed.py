@@ -81,14 +81,14 @@ class AnswerDirections:
         return names
 
     def __call__(
-        self, token: int, scales: dict[str, float] | None = None
+        self, token: int, scales: dict[str, float | Tensor] | None = None
     ) -> Float[Tensor, "n_layers d_model"]:
         """Directions ``u_eff[l]`` for answer token ``token``.
 
         Args:
             token: the answer token id ``y_t``.
             scales: cached ``hook_scale`` values at the query position, keyed by hook
-                name (needed for ``exact``).
+                name (needed for ``exact``); floats or 0-d tensors (kept on the device).
 
         Raises:
             KeyError: ``exact`` without a needed scale.

@@ -3,6 +3,7 @@ resume (exit code 130), a resumed run says what it skips, figures share one plot
 
 from __future__ import annotations
 
+import importlib
 import re
 import shlex
 import sys
@@ -101,9 +102,9 @@ def _resume_line(output: str) -> list[str]:
 
 
 def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_file, tmp_path):
-    import locos_tl.score
+    import locos_tl.runner  # the local executor calls the runner's run_trial
 
-    real = locos_tl.score.run_trial
+    real = locos_tl.runner.run_trial
     calls = []
 
     def interrupted_after_two(*args, **kwargs):
@@ -115,14 +116,14 @@ def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_f
     args = ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials_file),
             "--out", str(tmp_path / "run"), "--max-new-tokens", "8", "--variant", "exact",
             "--method", "locos,wu"]
-    monkeypatch.setattr(locos_tl.score, "run_trial", interrupted_after_two)
+    monkeypatch.setattr(locos_tl.runner, "run_trial", interrupted_after_two)
     res = runner.invoke(app, args)
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.output and "Traceback" not in res.output
     resume = _resume_line(res.output)
     assert len((tmp_path / "run" / "trials.jsonl").read_text().splitlines()) == 2
 
-    monkeypatch.setattr(locos_tl.score, "run_trial", real)
+    monkeypatch.setattr(locos_tl.runner, "run_trial", real)
     again = runner.invoke(app, resume)  # the printed command, verbatim
     assert again.exit_code == 0, again.output
     assert f"resuming {tmp_path / 'run'}: skipping 2 of 3 finished trials" in again.output
@@ -133,7 +134,8 @@ def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_f
 
 
 def test_ctrl_c_during_ablate_says_how_to_resume(monkeypatch, tiny_dirs, trials_file, tmp_path):
-    evaluate_module = sys.modules["locos_tl.evaluate"]
+    evaluate_module = importlib.import_module("locos_tl.evaluate")  # the module, not
+    assert evaluate_module is sys.modules["locos_tl.evaluate"]  # locos_tl.evaluate()
     HeadScores("locos", torch.randn(3, 2, 4)).save(tmp_path / "locos")
     real = evaluate_module.greedy_decode
     calls = []

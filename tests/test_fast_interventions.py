@@ -103,21 +103,27 @@ def test_ablated_forward_on_twin_equals_bridge(windowed, arch, mode):
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
 def test_ablated_greedy_decode_on_twin_equals_bridge(windowed, arch, mode):
     model, means = windowed(arch)
+    kw = dict(max_new_tokens=6, stop_at_newline=False, stop_at_eos=False)
     runs = {}
-    for prefill_mode in ("auto", "bridge"):
+    for prefill_mode in ("auto", "bridge"):  # steps with a callback: through the bridge
         logits = []
         with ablate(model, HEADS, mode, means=means), _Calls(model) as calls:
-            res = greedy_decode(model, PROMPT[0].tolist(), max_new_tokens=6,
-                                stop_at_newline=False, stop_at_eos=False,
-                                prefill_mode=prefill_mode,
-                                on_step=lambda s, out=logits: out.append(s.logits))
-        assert calls.n == (1 if prefill_mode == "auto" else 0)
+            res = greedy_decode(model, PROMPT[0].tolist(), prefill_mode=prefill_mode,
+                                on_step=lambda s, out=logits: out.append(s.logits), **kw)
+        assert calls.n == (1 if prefill_mode == "auto" else 0)  # the prefill
         runs[prefill_mode] = (res.generated, torch.stack(logits))
     assert runs["auto"][0] == runs["bridge"][0]
     torch.testing.assert_close(runs["auto"][1], runs["bridge"][1], atol=1e-5, rtol=1e-5)
+    # no callback: prefill and every step on the SDPA twin, with the module hooks
+    with ablate(model, HEADS, mode, means=means), _Calls(model) as calls:
+        fast = greedy_decode(model, PROMPT[0].tolist(), **kw)
+        ref = greedy_decode(model, PROMPT[0].tolist(), prefill_mode="bridge",
+                            decode_engine="bridge", **kw)
+    assert calls.n == 1 + kw["max_new_tokens"]
+    assert fast.generated == ref.generated == runs["bridge"][0]
     plain = []
     greedy_decode(model, PROMPT[0].tolist(), max_new_tokens=1, prefill_mode="bridge",
-                  on_step=lambda s: plain.append(s.logits))
+                  decode_engine="bridge", on_step=lambda s: plain.append(s.logits))
     assert (runs["auto"][1][0] - plain[0]).abs().max() > 1e-2  # step 1 is ablated
 
 
@@ -125,13 +131,14 @@ def test_ablated_greedy_decode_on_twin_equals_bridge(windowed, arch, mode):
 def test_patched_cri_on_twin_equals_bridge(windowed, arch):
     model, _ = windowed(arch)
     before = _twin_hooks(model)
-    trial = Trial(tokens=PROMPT[0].tolist(), needle_span=(12, 20), answer="Yuki")
-    kw = dict(answer_position="prompt_end", batch_size=3, chunk_size=16)
+    # the needle within reach of the last position through Gemma's 8-token windows
+    trial = Trial(tokens=PROMPT[0].tolist(), needle_span=(24, 30), answer="Yuki")
+    kw = dict(answer_position="prompt_end", batch_size=3, chunk_size=8)
     with _Calls(model) as calls:
         fast = cri_trial(model, trial, **kw)
-    # clean, corrupted, ceil(8 heads / 3) patched runs, and the shared prefix, in
-    # 16-query chunks over the 28 positions after the prefix (2 chunks each)
-    assert fast["shared_prefix"] == 12 and calls.n == 1 + 2 * (2 + 3)
+    # in 8-query chunks: the shared prefix (3 chunks), then clean, corrupted and
+    # ceil(8 heads / 3) patched runs over the 16 positions after it (2 chunks each)
+    assert fast["shared_prefix"] == 24 and calls.n == 3 + 2 * (2 + 3)
     with model.hooks(fwd_hooks=[("hook_embed", _noop)]), _Calls(model) as calls:
         assert engine(model) == "bridge"
         ref = cri_trial(model, trial, **kw)
@@ -195,3 +202,18 @@ def test_hooks_removed_on_exception(windowed):
     assert _twin_hooks(model) == before
     assert not any(hp.fwd_hooks for hp in model.hook_points())
     assert engine(model) == "twin"
+
+
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_calibration_means_on_twin_equal_bridge(windowed, arch):
+    model, _ = windowed(arch)
+    prompts = [PROMPT[0].tolist(), list(range(3, 30))]
+    with _Calls(model) as calls:
+        fast = calibrate_means(model, prompts, chunk_size=16)
+    assert calls.n == 3 + 2  # 40 and 27 tokens in 16-query chunks
+    with model.hooks(fwd_hooks=[("hook_embed", _noop)]), _Calls(model) as calls:
+        ref = calibrate_means(model, prompts, chunk_size=16)
+    assert calls.n == 0
+    torch.testing.assert_close(fast.q, ref.q, atol=1e-5, rtol=0)
+    torch.testing.assert_close(fast.z, ref.z, atol=1e-5, rtol=0)
+    assert fast.z.abs().max() > 1e-2 and fast.q.abs().max() > 1e-2

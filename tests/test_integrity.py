@@ -156,44 +156,43 @@ def test_ablate_reads_multi_method_run(tiny_dirs, own_answer_trials, tmp_path):
 # -- 4. non-finite numbers ------------------------------------------------------------
 
 
-def _embedding(model):
-    return next(m for m in model.original_model.modules() if isinstance(m, torch.nn.Embedding))
+class _nan_when_fed:
+    """Context: the embedding row of ``token`` set to NaN (as an fp16 overflow leaves
+    it), so any prompt or step feeding ``token`` gets NaN logits. The row is the weight
+    tensor every decode path shares (bridge and SDPA twin); restored on exit."""
 
+    def __init__(self, model, token: int):
+        emb = next(m for m in model.original_model.modules()
+                   if isinstance(m, torch.nn.Embedding))
+        self.weight, self.token = emb.weight, token
 
-def _nan_when_fed(model, token: int):
-    """A forward hook writing NaN into the embedding output whenever ``token`` is fed
-    (the bridge's decode steps; the SDPA prefill twin has its own modules)."""
-    def hook(mod, args, out):
-        if (args[0] == token).any():
-            return out * float("nan")
-        return out
-    return _embedding(model).register_forward_hook(hook)
+    def __enter__(self):
+        self.saved = self.weight.data[self.token].clone()
+        self.weight.data[self.token] = float("nan")
+
+    def __exit__(self, *exc):
+        self.weight.data[self.token] = self.saved
 
 
 def test_nan_logits_raise_in_decoding(qwen3, own_answer_trials):
     tokens = list(own_answer_trials[0].tokens)
-    handle = _nan_when_fed(qwen3, tokens[-1])
-    try:
-        with pytest.raises(NonFiniteError, match="step 0: the logits hold NaN"):
-            greedy_decode(qwen3, tokens, max_new_tokens=4)
-    finally:
-        handle.remove()
+    with _nan_when_fed(qwen3, tokens[-1]), pytest.raises(
+            NonFiniteError, match="step 0: the logits hold NaN"):
+        greedy_decode(qwen3, tokens, max_new_tokens=4)
+    assert greedy_decode(qwen3, tokens, max_new_tokens=4).generated  # restored
 
 
 def test_nan_trial_dropped_and_not_counted(qwen3, own_answer_trials):
     good = list(own_answer_trials)
     clean = _score(qwen3, good, methods=["locos", "wu"])
     fed = {t for r in clean["locos"].records for t in r["generated"]}
-    fed |= {t.tokens[-1] for t in good}
+    fed |= {tok for t in good for tok in t.tokens}  # magic: a token no good trial feeds
     magic = next(i for i in range(5, int(qwen3.cfg.d_vocab)) if i not in fed)
     bad = Trial(tokens=[*good[0].tokens[:-1], magic], needle_span=(5, 9),
                 answer=good[0].answer)
-    handle = _nan_when_fed(qwen3, magic)
-    try:
-        with pytest.warns(RuntimeWarning, match=f"trial {bad.trial_id} dropped .non_finite"):
-            res = _score(qwen3, [*good, bad], methods=["locos", "wu"])
-    finally:
-        handle.remove()
+    with _nan_when_fed(qwen3, magic), pytest.warns(
+            RuntimeWarning, match=f"trial {bad.trial_id} dropped .non_finite"):
+        res = _score(qwen3, [*good, bad], methods=["locos", "wu"])
     for m in ("locos", "wu"):
         hs = res[m]
         assert hs.n_trials == 3 and hs.meta["n_dropped_non_finite"] == 1
@@ -208,7 +207,7 @@ class _NanDirections(AnswerDirections):
     """Finite logits, NaN answer direction: phi alone turns NaN."""
 
     def __call__(self, token, scales=None):
-        return [u * float("nan") for u in super().__call__(token, scales)]
+        return super().__call__(token, scales) * float("nan")
 
 
 def test_nan_phi_drops_trial(qwen3, own_answer_trials):

@@ -105,7 +105,7 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
                max_new_tokens: int, device: str | None, dtype: str, workers: int,
                ray_address: str | None, placement: str | dict[str, Any] | None,
                gpus_per_worker: float | None, stop_rule: str = "newline_token",
-               thinking: bool = True) -> Any:
+               thinking: bool = True, batch_size: int = 1) -> Any:
     """Load the model (or start Ray), the trials, and score; says what a resume skips."""
     from locos_tl.models import load_model
     from locos_tl.score import score_trials
@@ -127,13 +127,14 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
         return score_trials(model, trial_list, methods=methods, variant=variant,
                             max_new_tokens=max_new_tokens, out_dir=out, workers=workers,
                             ray_address=ray_address, load_kwargs=load_kwargs,
-                            stop_rule=stop_rule, thinking=thinking, **extra)
+                            stop_rule=stop_rule, thinking=thinking, batch_size=batch_size,
+                            **extra)
     bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
     trial_list = load_trials(trials, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
     note_resume(out, finished_trials(out, trial_list, methods), len(trial_list))
     return score_trials(bridge, trial_list, methods=methods, variant=variant,
                         max_new_tokens=max_new_tokens, out_dir=out, stop_rule=stop_rule,
-                        thinking=thinking)
+                        thinking=thinking, batch_size=batch_size)
 
 
 @app.command(short_help="Score every attention head: LOCOS and the baselines.")
@@ -157,6 +158,8 @@ def score(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
     top: Annotated[int, typer.Option(help="How many top heads to print.", min=0)] = 10,
+    batch_size: Annotated[int, typer.Option(help="Trials decoded together (same records "
+                                                 "as 1; faster on a GPU).", min=1)] = 1,
     workers: Annotated[int, typer.Option(help="Ray workers (actors), one GPU each when "
                                               "there are GPUs; > 1 needs "
                                               "pip install \"locos_tl[ray]\".", min=1)] = 1,
@@ -188,7 +191,8 @@ def score(
                                 max_new_tokens=max_new_tokens, device=device, dtype=dtype,
                                 workers=workers, ray_address=ray_address,
                                 placement=placement, gpus_per_worker=gpus_per_worker,
-                                stop_rule=stop_rule, thinking=thinking)
+                                stop_rule=stop_rule, thinking=thinking,
+                                batch_size=batch_size)
     except (LocosError, ValueError) as exc:
         fail(exc)
     write_outputs(result, out)

@@ -1,0 +1,362 @@
+"""The single-trial runner and the run bookkeeping shared by every executor.
+
+Data flows one way (docs/architecture.md, "Executors above the runner"): this module
+decodes one trial and turns it into a record (:func:`run_trial`), and holds what a run
+needs around that (settings and resume keys, reusable records, validation, acceptance
+and aggregation into :class:`~locos_tl.heads.HeadScores`). Executors sit above it and
+only schedule: the local executor (:mod:`locos_tl.local`) and the Ray executor
+(:mod:`locos_tl.distributed`); neither imports the other, and
+:func:`locos_tl.score.score_trials` picks one.
+
+Pipeline per trial (docs/concepts.md): free greedy decoding (at most
+``max_new_tokens``, stop at the bare newline token / EOS, a ``<think>`` block
+skipped) -> ROUGE-1 recall gate (> 0.5) -> answer steps -> per-step head values of
+every detector -> one JSON record. Detector values stay on the device during decoding
+and move to the host once per trial.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from locos_tl.acceptance import acceptance_counts
+from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
+from locos_tl.decode import DecodeStep, StopRule, greedy_decode
+from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome
+from locos_tl.errors import NonFiniteError, TrialError
+from locos_tl.heads import HeadScores
+from locos_tl.trials import Trial, trial_set_hash
+from locos_tl.unembed import AnswerDirections
+
+RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold", "stop_rule",
+               "thinking")
+
+
+def model_dtype(model: Any) -> str:
+    """``"float32"``, ``"bfloat16"``, ... of the model's parameters."""
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
+def run_settings(
+    model: str, dtype: str, *, variant: str, methods: Sequence[str], max_new_tokens: int,
+    gate_threshold: float, seed: int, trials: Sequence[Trial],
+    stop_rule: str = "newline_token", thinking: bool = True,
+    spans: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The settings recorded in ``meta.json``; :data:`RESUME_KEYS` of them must match for
+    a run directory to be resumed (single-process and distributed runs alike).
+    ``spans`` (method -> span name) is recorded, not a resume key: a record made with
+    another span for a method reruns (:func:`finished_record`)."""
+    return {
+        "model": model,
+        "dtype": dtype,
+        "variant": variant,
+        "methods": list(methods),
+        "max_new_tokens": max_new_tokens,
+        "gate_threshold": gate_threshold,
+        "stop_rule": stop_rule,
+        "thinking": thinking,
+        "spans": dict(spans or {}),
+        "seed": seed,
+        "n_trials": len(trials),
+        "trial_set_hash": trial_set_hash(trials),
+    }
+
+
+def finished_record(
+    store: Any, trial: Trial, methods: Sequence[str],
+    spans: dict[str, str] | None = None,
+) -> dict[str, Any] | None:
+    """The stored record of ``trial`` when it can be reused, else None: not run yet, run
+    without a decision for some of ``methods`` (then it reruns for the new ones; records
+    written before per-method acceptance always rerun), or run with another span for
+    a method than ``spans`` (method -> span name) asks."""
+    rec = store.get(trial.trial_id) if store is not None else None
+    if rec is None:
+        return None
+    decided = rec.get("dropped_by") or {}
+    if any(m not in decided for m in methods):
+        return None
+    if spans and any((rec.get("spans") or {}).get(m) != sp for m, sp in spans.items()):
+        return None
+    return rec
+
+
+def method_spans(detectors: Sequence[Detector]) -> dict[str, str]:
+    """Method -> the span name its detector reads (recorded in settings and meta)."""
+    return {d.name: d.span for d in detectors}
+
+
+def check_spans(spans: dict[str, str] | None, methods: Sequence[str]) -> dict[str, str]:
+    """Validate per-method span overrides (``{"locos": "answer"}``).
+
+    Raises:
+        ValueError: a method that is not being scored, or a span other than
+            ``"needle"``/``"answer"``.
+    """
+    spans = dict(spans or {})
+    for m, sp in spans.items():
+        if m not in methods:
+            raise ValueError(f"spans names method {m!r}, which is not scored ({list(methods)})")
+        if sp not in SPAN_NAMES:
+            raise ValueError(f"span {sp!r} for {m!r}: use 'needle' or 'answer'")
+    return spans
+
+
+def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
+    """Fail before any work when a trial cannot run on ``model``.
+
+    Raises:
+        TrialError: a prompt (+ ``max_new_tokens``) exceeds ``n_ctx``, a token id is
+            outside the vocabulary, or a needle span lies outside its prompt.
+    """
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    d_vocab = int(model.cfg.d_vocab)
+    for i, t in enumerate(trials):
+        if not isinstance(t, Trial):
+            raise TrialError(f"trials[{i}] is a {type(t).__name__}, not a Trial (build "
+                             "trials with locos_tl.build_*_trials, Trial(...) or load_trials)")
+        if n_ctx and t.n_tokens + max_new_tokens - 1 > n_ctx:
+            raise TrialError(
+                f"trial {i} ({t.trial_id}): prompt of {t.n_tokens} tokens + {max_new_tokens} "
+                f"new tokens is longer than the model's context n_ctx={n_ctx}"
+            )
+        if max(t.tokens) >= d_vocab or min(t.tokens) < 0:
+            raise TrialError(
+                f"trial {i} ({t.trial_id}): token id {max(t.tokens)} outside the model's "
+                f"vocabulary of {d_vocab} (trials built with another tokenizer?)"
+            )
+
+
+def non_finite_record(trial: Trial, reason: str) -> dict[str, Any]:
+    """The record of a trial whose forward pass produced NaN or inf (logits, or phi of a
+    phi-based detector): dropped with reason ``"non_finite"``, and a ``RuntimeWarning``."""
+    warnings.warn(f"trial {trial.trial_id} dropped (non_finite): {reason}", RuntimeWarning,
+                  stacklevel=3)
+    return {
+        "trial_id": trial.trial_id, "n_prompt_tokens": trial.n_tokens,
+        "needle_span": list(trial.needle_span), "answer": trial.answer, "response": "",
+        "generated": [], "stopped_by": "non_finite", "rouge1_recall": 0.0,
+        "accepted": False, "dropped": "non_finite", "non_finite": reason,
+        "answer_steps": [], "scores": {}, "step_values": {}, "meta": trial.meta,
+    }
+
+
+def run_trial(
+    model: Any,
+    trial: Trial,
+    detectors: Sequence[Detector],
+    *,
+    directions: AnswerDirections | None,
+    max_new_tokens: int = 50,
+    gate_threshold: float = GATE_THRESHOLD,
+    prefill_mode: str = "auto",
+    chunk_size: int | None = None,
+    stop_rule: StopRule = "newline_token",
+    thinking: bool = True,
+    decode_engine: str = "auto",
+) -> dict[str, Any]:
+    """Decode one trial and return its record (JSON-serialisable).
+
+    ``stop_rule``, ``thinking`` and ``decode_engine`` as in
+    :func:`locos_tl.decode.greedy_decode`; answer steps are searched only after a
+    thinking block (``response_start``). Detector values stay on the device while
+    decoding and are stacked and moved to the host once per trial.
+
+    Record fields: ``trial_id``, ``response``, ``generated``, ``rouge1_recall``,
+    ``accepted`` (gate passed and an answer step found), ``dropped`` (``None``,
+    ``"gate"``, ``"no_answer_step"`` or ``"non_finite"``: NaN/inf logits or phi, with a
+    ``RuntimeWarning`` and the reason in ``non_finite``), ``answer_steps``, ``scores`` (method ->
+    ``[n_layers][n_heads]`` per-trial score), ``step_values`` (method -> values of the
+    used steps, answer-step methods only), ``meta``. ``accepted``/``dropped`` are the
+    answer-step rule (LOCOS); each method accepts by its own published rule
+    (``Detector.drop_reason``): ``dropped_by`` maps method -> ``None`` (counted) or the
+    reason, and only counted methods get a score. ``spans`` maps method -> the span
+    name it read (``"needle"``/``"answer"``, :meth:`Trial.span`); ``needle_span`` and
+    ``answer_span`` are the trial's spans.
+    """
+    per_step: dict[str, list[torch.Tensor]] = {d.name: [] for d in detectors}
+    needs_phi = any(d.needs_phi for d in detectors)
+    phi_ok: list[torch.Tensor] = []  # per-step finiteness of phi, read once at the end
+    spans = {d.name: trial.span(d.span) for d in detectors}  # each method's own span
+    window = max((d.prompt_window for d in detectors), default=0)
+    prompt_vals: dict[str, dict[int, torch.Tensor]] = {
+        d.name: {} for d in detectors if d.prompt_window}
+
+    def on_step(step: DecodeStep) -> None:
+        if needs_phi:
+            phi_ok.append(torch.isfinite(step.phi).all())
+        for d in detectors:
+            if d.steps == "prompt" and step.t > 0:  # prompt-only: step 0 is position N-1
+                continue
+            per_step[d.name].append(d.step_value(step, spans[d.name]))  # on the device
+
+    def on_prompt_rows(layer: int, rows: torch.Tensor) -> None:
+        for d in detectors:
+            if d.prompt_window:
+                prompt_vals[d.name][layer] = d.prompt_value(rows, spans[d.name])
+
+    try:
+        result = greedy_decode(
+            model, trial.tokens, max_new_tokens=max_new_tokens, on_step=on_step,
+            directions=directions, prefill_mode=prefill_mode, chunk_size=chunk_size,
+            stop_rule=stop_rule, thinking=thinking, prompt_window=window,
+            on_prompt_rows=on_prompt_rows if window else None, decode_engine=decode_engine,
+        )
+        # one transfer per trial: every detector's per-step values and phi's finiteness
+        host = _to_host(per_step, prompt_vals, phi_ok)
+        ok = host.pop("__phi_ok__", None)
+        if ok is not None and not bool(ok.all()):
+            bad = int((~ok).nonzero()[0])
+            raise NonFiniteError(f"decoding step {bad}: phi holds NaN or inf")
+    except NonFiniteError as exc:
+        rec = non_finite_record(trial, str(exc))
+        rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
+        rec["spans"] = {d.name: d.span for d in detectors}
+        return rec
+    recall = rouge1_recall(result.text, trial.answer)
+    steps = answer_steps(model.tokenizer, result.generated, trial.answer,
+                         start=result.response_start)
+    dropped = None
+    if recall <= gate_threshold:
+        dropped = "gate"
+    elif not steps:
+        dropped = "no_answer_step"
+    outcome = TrialOutcome(
+        generated=list(result.generated), response=result.text, answer=trial.answer,
+        rouge1_recall=recall, answer_steps=list(steps), gate_threshold=gate_threshold,
+        tokenizer=model.tokenizer, response_start=result.response_start,
+    )
+    dropped_by = {d.name: d.drop_reason(outcome) for d in detectors}
+    record: dict[str, Any] = {
+        "trial_id": trial.trial_id,
+        "n_prompt_tokens": trial.n_tokens,
+        "needle_span": list(trial.needle_span),
+        "answer_span": None if trial.answer_span is None else list(trial.answer_span),
+        "spans": {d.name: d.span for d in detectors},
+        "answer": trial.answer,
+        "response": result.text,
+        "generated": result.generated,
+        "stopped_by": result.stopped_by,
+        "response_start": result.response_start,
+        "rouge1_recall": recall,
+        "accepted": dropped is None,
+        "dropped": dropped,
+        "dropped_by": dropped_by,
+        "answer_steps": steps,
+        "scores": {},
+        "step_values": {},
+        "meta": trial.meta,
+    }
+    for d in detectors:
+        if dropped_by[d.name] is not None:
+            continue
+        used = d.used_steps(outcome)
+        vals = host[d.name][torch.as_tensor(used, dtype=torch.long)]
+        pv_t = host.get(f"__prompt__{d.name}")
+        score = d.trial_score(vals, prompt_values=pv_t)
+        record["scores"][d.name] = None if score is None else score.tolist()
+        if d.steps == "answer":
+            record["step_values"][d.name] = vals.tolist()
+    return record
+
+
+def _to_host(
+    per_step: dict[str, list[torch.Tensor]],
+    prompt_vals: dict[str, dict[int, torch.Tensor]],
+    phi_ok: list[torch.Tensor],
+) -> dict[str, torch.Tensor]:
+    """Stack one trial's device values and move them to the host in one transfer.
+
+    Returns ``{method: [n_steps, n_layers, n_heads]}`` (empty ``[0]`` with no step),
+    ``{"__prompt__<method>": [n_layers, n_heads, n_rows]}`` and ``"__phi_ok__"``
+    (per-step bool) on the CPU.
+    """
+    parts: dict[str, torch.Tensor] = {}
+    for name, vals in per_step.items():
+        if vals:
+            parts[name] = torch.stack(vals).to(torch.float32)
+    for name, pv in prompt_vals.items():
+        if pv:
+            parts[f"__prompt__{name}"] = torch.stack([pv[l] for l in sorted(pv)]).float()
+    if phi_ok:
+        parts["__phi_ok__"] = torch.stack(phi_ok).to(torch.float32)
+    out: dict[str, torch.Tensor] = {n: torch.zeros(0) for n in per_step}
+    if parts:
+        by_device: dict[Any, list[str]] = {}
+        for n, t in parts.items():
+            by_device.setdefault(t.device, []).append(n)
+        for names in by_device.values():
+            flat = torch.cat([parts[n].reshape(-1) for n in names]).cpu()  # the one read
+            for n, chunk in zip(names, flat.split([parts[n].numel() for n in names]),
+                                strict=True):
+                out[n] = chunk.view(parts[n].shape)
+    if "__phi_ok__" in out:
+        out["__phi_ok__"] = out["__phi_ok__"].bool()
+    return out
+
+
+def _span_used(records: Sequence[dict[str, Any]], method: str) -> str | list[str] | None:
+    """The span name ``method`` read in ``records`` (a sorted list when they differ)."""
+    used = sorted({str(sp) for r in records
+                   if (sp := (r.get("spans") or {}).get(method)) is not None})
+    return used[0] if len(used) == 1 else (used or None)
+
+
+def write_acceptance(
+    store: Any, meta: dict[str, Any], records: Sequence[dict[str, Any]],
+    methods: Sequence[str],
+) -> None:
+    """Add ``acceptance`` (method -> :func:`locos_tl.acceptance.acceptance_counts`) to
+    ``meta`` and rewrite ``meta.json`` with it (when there is a run directory)."""
+    meta["acceptance"] = {m: acceptance_counts(records, m) for m in methods}
+    if store is not None:
+        store.write_meta(meta)
+
+
+def aggregate(
+    records: Sequence[dict[str, Any]],
+    methods: Sequence[str],
+    *,
+    model: Any,
+    variant: str,
+    meta: dict[str, Any],
+    seed: int = 0,
+    as_dict: bool | None = None,
+) -> HeadScores | dict[str, HeadScores]:
+    """Build :class:`HeadScores` from per-trial records (order-independent).
+
+    Returns a ``{method: HeadScores}`` dict when ``as_dict`` (default: when there are
+    several methods), else the one method's :class:`HeadScores`.
+
+    Acceptance is per method (:mod:`locos_tl.acceptance`): each method's ``meta`` holds
+    its own ``n_trials``, ``n_accepted`` and ``n_dropped_<reason>`` counts, the ``span``
+    it read (the span name, or a list when records differ), and ``acceptance`` (every
+    method's counts).
+
+    Warns (``RuntimeWarning``, with the drop counts) when a method accepted no trial.
+    """
+    per_method = {m: acceptance_counts(records, m) for m in methods}
+    for m, counts in per_method.items():
+        if records and counts["n_accepted"] == 0:
+            warnings.warn(
+                f"{m}: no trial was accepted: 0 of {counts['n_trials']} ("
+                f"{counts['n_dropped_gate']} failed the gate, "
+                f"{counts['n_dropped_no_answer_step']} had no answer step, "
+                f"{counts['n_dropped_non_finite']} had NaN/inf numbers); every head score "
+                "is NaN and rankings (top_k, ranked) refuse", RuntimeWarning, stacklevel=3)
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    out = {
+        m: HeadScores.from_records(
+            records, m, n_layers=L, n_heads=H, variant=variant, seed=seed,
+            meta={**meta, **per_method[m], "span": _span_used(records, m),
+                  "acceptance": per_method})
+        for m in methods
+    }
+    if as_dict is None:
+        as_dict = len(methods) > 1
+    return out if as_dict else out[methods[0]]

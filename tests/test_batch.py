@@ -1,0 +1,208 @@
+"""Batched trials (issue 10 item 4) give exactly batch size 1's records.
+
+Every trial decoded in a batch (left padding, explicit positions, the twins) must give
+the record :func:`locos_tl.runner.run_trial` gives it alone: same generated tokens,
+response, stop, acceptance and answer steps, and every method's per-trial scores and
+step values within 1e-5 (float32). Checked on Qwen3 (one sliding-window layer), Gemma-3
+(window 8, shorter than every prompt but one), OLMo-2 and Llama, over trials of
+different prompt lengths (one shorter than the window and the HeadKV anchor window),
+needle positions and stop steps, one batch holding them all.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+
+import pytest
+import torch
+
+from locos_tl import Trial, load_model
+from locos_tl.batch import batch_fallback_reason, run_trials_batched
+from locos_tl.decode import greedy_decode
+from locos_tl.detectors import DETECTORS, get_detector
+from locos_tl.runner import run_trial
+from locos_tl.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
+from locos_tl.unembed import AnswerDirections
+
+SHORT_WINDOWS = {  # as tests/test_twin.py's `windowed` fixture
+    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+    "gemma3": dict(sliding_window=8),
+    "olmo2": {},
+    "llama": {},
+}
+NEW = 10
+LENGTHS = (5, 12, 25, 40, 31, 18, 55, 23)
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory):
+    root = tmp_path_factory.mktemp("batch")
+    tok = byte_bpe_tokenizer()
+    cache: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            d = make_tiny_checkpoint(arch, root / arch, seed=3, tokenizer=tok,
+                                     **SHORT_WINDOWS[arch])
+            cache[arch] = load_model(d, device="cpu")
+        return cache[arch]
+
+    return get
+
+
+def mixed_trials(model) -> list[Trial]:
+    """Up to 8 trials: lengths 5..55, needles near the start or the end, answers taken
+    from the model's own greedy response (so the gate passes and scores exist), and
+    at least one that stops (newline/EOS) well before ``NEW`` tokens."""
+    out: list[Trial] = []
+    early = 0
+    for seed in range(400):
+        n = LENGTHS[len(out) % len(LENGTHS)]
+        g = torch.Generator().manual_seed(seed)
+        toks = torch.randint(1, int(model.cfg.d_vocab) - 1, (n,), generator=g).tolist()
+        res = greedy_decode(model, toks, max_new_tokens=NEW)
+        words = re.findall(r"[A-Za-z]{3,}", res.text)
+        span = (1, 4) if seed % 2 else (max(n - 9, 0), max(n - 5, 2))
+        stops_early = res.stopped_by != "max_new_tokens" and len(res.generated) < NEW - 2
+        if stops_early and early < 2:
+            early += 1
+        elif not words or len(out) - early >= 6:
+            continue
+        out.append(Trial(tokens=toks, needle_span=span, answer=words[0] if words else "zzz",
+                         trial_id=f"s{seed}"))
+        if len(out) == 8:
+            break
+    assert early >= 1, "no early-stopping prompt found"
+    return out
+
+
+def assert_same_record(a: dict, b: dict, atol: float = 1e-5) -> None:
+    assert a.keys() == b.keys()
+    for k in a:
+        if k in ("scores", "step_values"):
+            assert a[k].keys() == b[k].keys(), k
+            for m in a[k]:
+                if a[k][m] is None:
+                    assert b[k][m] is None
+                    continue
+                torch.testing.assert_close(torch.tensor(b[k][m]), torch.tensor(a[k][m]),
+                                           atol=atol, rtol=0, msg=f"{k}[{m}]")
+        else:
+            assert a[k] == b[k], (k, a[k], b[k])
+
+
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_batched_records_equal_batch_size_1(windowed, arch):
+    model = windowed(arch)
+    assert batch_fallback_reason(model) is None
+    trials = mixed_trials(model)
+    detectors = [get_detector(m) for m in DETECTORS]
+    dirs = AnswerDirections(model, "exact")  # norm scales read in the batch too
+    ref = [run_trial(model, t, detectors, directions=dirs, max_new_tokens=NEW)
+           for t in trials]
+    seen: list[int] = []
+    got = run_trials_batched(model, trials, detectors, directions=dirs, batch_size=8,
+                             max_new_tokens=NEW, on_record=lambda i, r: seen.append(i))
+    for a, b in zip(ref, got, strict=True):
+        assert_same_record(a, b)
+    # the comparison is not vacuous: scores of every method, early and full stops
+    assert all(any(r["scores"].get(m) for r in ref) for m in DETECTORS)
+    lens = [len(r["generated"]) for r in ref]
+    assert min(lens) < NEW - 2 and max(lens) == NEW
+    assert len({t.n_tokens for t in trials}) >= 5
+    if arch in ("qwen3", "gemma3"):
+        assert max(t.n_tokens for t in trials) > 8 > min(t.n_tokens for t in trials)
+    # records arrive as trials finish: an early stopper before the full-length ones
+    first_full = min(seen.index(i) for i, n in enumerate(lens) if n == NEW)
+    assert any(seen.index(i) < first_full for i, n in enumerate(lens) if n < NEW - 2)
+
+
+def test_early_stopper_alone_and_in_a_batch(windowed):
+    """A trial that stops after a few tokens gives its batch-size-1 record, whether its
+    batch mates decode on for all ``NEW`` steps or not (raw variant, LOCOS only)."""
+    model = windowed("gemma3")
+    trials = mixed_trials(model)
+    det = [get_detector("locos")]
+    dirs = AnswerDirections(model, "raw")
+    ref = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW) for t in trials]
+    short = min(range(len(trials)), key=lambda i: len(ref[i]["generated"]))
+    long_ = max(range(len(trials)), key=lambda i: len(ref[i]["generated"]))
+    pair = [trials[long_], trials[short]]
+    got = run_trials_batched(model, pair, det, directions=dirs, batch_size=2,
+                             max_new_tokens=NEW)
+    assert_same_record(ref[long_], got[0])
+    assert_same_record(ref[short], got[1])
+    assert len(got[1]["generated"]) < len(got[0]["generated"])
+
+
+def test_score_trials_batched_and_resumed(windowed, tmp_path, monkeypatch):
+    import locos_tl.batch as batch_mod
+    from locos_tl import score_trials
+
+    model = windowed("llama")
+    trials = mixed_trials(model)
+    methods = ["locos", "wu", "headkv_anchor"]
+    one = score_trials(model, trials, methods=methods, max_new_tokens=NEW, progress=False)
+    out = tmp_path / "run"
+    many = score_trials(model, trials, methods=methods, max_new_tokens=NEW, progress=False,
+                        batch_size=3, out_dir=out)
+    for m in methods:
+        torch.testing.assert_close(many[m].scores, one[m].scores, atol=1e-5, rtol=0,
+                                   equal_nan=True)
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["engine"]["batch_size"] == 3 and meta["engine"]["batch_reason"] is None
+    # resume: drop three finished records; only those three are decoded again, batched
+    lines = (out / "trials.jsonl").read_text().splitlines()
+    kept, dropped = lines[:-3], [json.loads(x)["trial_id"] for x in lines[-3:]]
+    (out / "trials.jsonl").write_text("\n".join(kept) + "\n")
+    calls: list[list[str]] = []
+    real = batch_mod.run_trials_batched
+
+    def spy(model, trials, *a, **kw):
+        calls.append([t.trial_id for t in trials])
+        return real(model, trials, *a, **kw)
+
+    monkeypatch.setattr(batch_mod, "run_trials_batched", spy)
+    again = score_trials(model, trials, methods=methods, max_new_tokens=NEW, progress=False,
+                         batch_size=3, out_dir=out)
+    assert [sorted(c) for c in calls] == [sorted(dropped)]
+    for m in methods:
+        torch.testing.assert_close(again[m].scores, one[m].scores, atol=1e-5, rtol=0,
+                                   equal_nan=True)
+
+
+def test_hook_falls_back_to_batch_size_1(windowed):
+    model = windowed("qwen3")
+    trials = mixed_trials(model)[:3]
+    det = [get_detector("attention_spatial")]
+    ref = [run_trial(model, t, det, directions=None, max_new_tokens=NEW) for t in trials]
+    seen = []
+
+    def look(pattern, hook):
+        seen.append(hook.name)
+
+    with model.hooks(fwd_hooks=[("blocks.0.attn.hook_pattern", look)]):
+        assert "TransformerLens hook" in batch_fallback_reason(model)
+        with pytest.warns(RuntimeWarning, match="falls back to batch size 1"):
+            got = run_trials_batched(model, trials, det, directions=None, batch_size=4,
+                                     max_new_tokens=NEW)
+    assert seen  # the user's hook fired: the bridge ran
+    for a, b in zip(ref, got, strict=True):
+        assert_same_record(a, b)
+    with pytest.warns(RuntimeWarning, match="prefill_mode='bridge'"):
+        run_trials_batched(model, trials[:1], det, directions=None, batch_size=2,
+                           max_new_tokens=2, prefill_mode="bridge")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert batch_fallback_reason(model) is None  # hooks removed: batching again
+
+
+def test_bad_batch_size(windowed):
+    from locos_tl import score_trials
+
+    model = windowed("olmo2")
+    trials = [Trial(tokens=[5, 6, 7, 8, 9, 10], needle_span=(1, 3), answer="x")]
+    with pytest.raises(ValueError, match="batch_size"):
+        score_trials(model, trials, batch_size=0, progress=False)
