@@ -32,7 +32,7 @@ on exceptions, and hooks attached by anyone else are left alone.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -112,7 +112,7 @@ class AblationMeans:
 @torch.no_grad()
 def calibrate_means(
     model: Any,
-    prompts: Sequence[str | Sequence[int]],
+    prompts: Any,  # Sequence[str | Sequence[int]]; checked by _check_prompts
     *,
     max_tokens: int = 5000,
     chunk_size: int = 1024,
@@ -146,12 +146,16 @@ def calibrate_means(
 
     Raises:
         ValueError: no prompt, a prompt with no token, or an unknown ``bos``.
+        TrialError: (a ``ValueError``) ``prompts`` is one bare string or Trial (pass
+            a list), or a prompt is neither a string nor a list of integer token ids
+            (the message names its index).
         TrialError: a prompt (cut to ``max_tokens``) is longer than the model's
             ``n_ctx``; a string prompt holds the checkpoint's BOS after position 0.
     """
     from locos_tl.models import model_name
     from locos_tl.tokenize import encode_prompt
 
+    prompts = _check_prompts(prompts)
     if not prompts:
         raise ValueError("calibrate_means needs at least one prompt")
     L, H, d = int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
@@ -193,6 +197,41 @@ def calibrate_means(
         n_prompts=n, n_tokens=n_tokens,
         meta={"model": model_name(model), "max_tokens": max_tokens, "bos": bos},
     )
+
+
+
+def _check_prompts(prompts: Any) -> list[str | tuple[int, ...]]:
+    """The calibration prompts as a list of strings and token-id tuples.
+
+    Raises:
+        TrialError: ``prompts`` is one string (it would run one prompt per character),
+            one Trial, a mapping or not iterable; an item is neither a string nor a
+            sequence of non-negative integer ids (the message names its index).
+    """
+    from locos_tl.trials import Trial, as_token_ids
+
+    if isinstance(prompts, (str, bytes)):
+        raise TrialError("calibrate_means() got one string: pass a list of prompts, e.g. "
+                         "[text] (a bare string would run one prompt per character)")
+    if isinstance(prompts, Trial):
+        raise TrialError("calibrate_means() got one Trial: pass a list of prompts (raw "
+                         "texts or token-id lists, e.g. [trial.tokens])")
+    if isinstance(prompts, Mapping) or not isinstance(prompts, Iterable):
+        raise TrialError(f"calibrate_means() needs a list of prompts (raw texts or "
+                         f"token-id lists), got {type(prompts).__name__}")
+    out: list[str | tuple[int, ...]] = []
+    for i, p in enumerate(prompts):
+        if isinstance(p, str):
+            out.append(p)
+        elif isinstance(p, Trial):
+            raise TrialError(f"calibration prompt {i} is a Trial: pass its tokens "
+                             "(trial.tokens) or a raw text")
+        elif isinstance(p, (bytes, Mapping)) or not isinstance(p, Iterable):
+            raise TrialError(f"calibration prompt {i} is {type(p).__name__} {p!r}"[:120]
+                             + ": each prompt is a raw text (str) or a list of token ids")
+        else:
+            out.append(as_token_ids(p, f"calibration prompt {i}"))
+    return out
 
 
 def check_mode(mode: str) -> AblationMode:

@@ -55,6 +55,7 @@ from locos_tl.decode import (
     _stop_ids,
     check_stop_rule,
     is_newline_stop,
+    prefill_with_rows,
 )
 from locos_tl.detectors import Detector, TrialOutcome
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
@@ -335,7 +336,7 @@ def _decode_batch(
     """Decode ``rows`` together (module docstring); ``on_done(row)`` as each one stops."""
     from locos_tl.twin import twin_info
 
-    sdpa, eager = twin_info(model, "sdpa").twin, twin_info(model, "eager").twin
+    eager = twin_info(model, "eager").twin
     device = rows[0].ids.device
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]
@@ -350,34 +351,46 @@ def _decode_batch(
     for b, r in enumerate(rows):
         ids[b, T - r.n:] = r.ids
         mask[b, T - r.n:] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # each trial's own positions
     cache = _new_cache(model)
 
-    # prefill columns [0, T-1-W) on the SDPA twin; the last W prompt columns before the
-    # final token on the eager twin when prompt rows are wanted (HeadKV anchor)
-    W = min(max(prompt_window - 1, 0), T - 1) if on_prompt_rows is not None else 0
-    stop = T - 1 - W
-    step_cols = chunk_size or max(stop, 1)
-    for i in range(0, stop, step_cols):
-        j = min(i + step_cols, stop)
-        sdpa(ids[:, i:j], attention_mask=mask[:, :j], position_ids=pos[:, i:j],
-             past_key_values=cache, use_cache=True, logits_to_keep=1)
-    if W:
-        out = eager(ids[:, stop:T - 1], attention_mask=mask[:, :T - 1],
-                    position_ids=pos[:, stop:T - 1], past_key_values=cache, use_cache=True,
-                    output_attentions=True, logits_to_keep=1)
-        for b, r in enumerate(rows):
-            n_rows = min(prompt_window - 1, r.n - 1)
-            if n_rows <= 0:
-                continue
-            for l in range(n_layers):
-                got = out.attentions[l][b, :, W - n_rows:].to(torch.float32)
-                on_prompt_rows[r.index](l, _row_to_keys(got, r.n - 1))
+    # each prompt (but its last token) is prefilled alone, exactly as at batch size 1
+    # (:func:`locos_tl.decode.prefill_with_rows`: SDPA twin, prompt rows for the HeadKV
+    # anchor), then the caches are left-padded with zeros (masked) into one batch cache,
+    # layer by layer; a sliding-window layer keeps its last ``window - 1`` keys and
+    # counts the padded length. Padding in the prefill would change float rounding.
+    P = T - 1
+    caches = []
+    for r in rows:
+        n_rows = min(max(prompt_window - 1, 0), r.n - 1) if on_prompt_rows is not None else 0
+        caches.append(prefill_with_rows(
+            model, r.ids[None, :-1], n_rows,
+            on_prompt_rows[r.index] if on_prompt_rows is not None else None,
+            mode="sdpa", chunk_size=chunk_size))
+    for l, layer in enumerate(cache.layers if P else ()):
+        parts = [(_cache_values(c, l), getattr(c.layers[l], "keys", None)) for c in caches]
+        ref = next((v for v, _ in parts if v is not None), None)
+        if ref is None:
+            continue
+        width = max(v.shape[-2] for v, _ in parts if v is not None)
+        keys = ref.new_zeros(B, ref.shape[1], width, ref.shape[-1])
+        vals = torch.zeros_like(keys)
+        for b, (v, k) in enumerate(parts):
+            if v is not None and v.shape[-2]:
+                keys[b, :, width - k.shape[-2]:] = k[0]
+                vals[b, :, width - v.shape[-2]:] = v[0]
+        for c in caches:  # free each trial's layer as soon as it is copied
+            c.layers[l].keys = c.layers[l].values = None
+        layer.update(keys, vals)
+        if hasattr(layer, "cumulative_length"):
+            layer.cumulative_length = P
+    del caches
 
     scales = _Scales(model, eager, directions.hook_names() if directions is not None else [])
     try:
         step_input = ids[:, -1:]
         step_pos = pos[:, -1:]
+        mask = mask[:, :-1]  # the cached keys; each step appends its own column
         active = list(rows)
         for t in range(max_new_tokens):
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)

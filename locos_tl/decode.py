@@ -169,12 +169,22 @@ def _phi_all_layers(
     L, H, n = pattern.shape
     vws = []
     for l, v in enumerate(kv):
-        w = torch.matmul(W_O[l], u[l].to(W_O[l].device, W_O[l].dtype))  # [H, d_head]
+        W = W_O[l]  # [H, d_head, d_model]
+        ul = u[l]
+        if ul.device != W.device or ul.dtype != W.dtype:
+            ul = ul.to(W.device, W.dtype)
+        w = torch.mv(W.reshape(-1, W.shape[-1]), ul)  # [H * d_head] (a view of W_O: no copy)
+        if w.device != v.device:
+            w = w.to(v.device)
         n_kv = v.shape[0]
-        vw = torch.matmul(w.view(n_kv, H // n_kv, -1).to(v.device), v.transpose(-1, -2))
-        vws.append(vw.view(H, -1).to(pattern.device))  # [kv, g, K] -> [H, K]
+        vw = torch.bmm(w.view(n_kv, H // n_kv, -1), v.transpose(-1, -2))  # [kv, g, K]
+        if vw.device != pattern.device:
+            vw = vw.to(pattern.device)
+        vws.append(vw.view(H, -1))
     if all(x.shape[-1] == n for x in vws):
-        vw_all = torch.stack(vws).to(torch.float32)
+        vw_all = torch.stack(vws)
+        if vw_all.dtype != torch.float32:
+            vw_all = vw_all.to(torch.float32)
     else:
         vw_all = pattern.new_zeros(L, H, n)
         for l, x in enumerate(vws):
@@ -490,7 +500,9 @@ def _assemble(
             raise LocosError(f"layer {l}: the KV cache holds no values after the step")
         kv.append(_step_values(before[l], after, row.shape[-1], l))
     if all(r.shape[-1] == n_keys for r in attn):
-        pattern = torch.stack(list(attn)).to(torch.float32)
+        pattern = torch.stack(list(attn))
+        if pattern.dtype != torch.float32:
+            pattern = pattern.to(torch.float32)
     else:
         pattern = attn[0].new_zeros(len(attn), attn[0].shape[0], n_keys, dtype=torch.float32)
         for l, row in enumerate(attn):
@@ -510,10 +522,28 @@ def _stop_ids(model: Any) -> set[int]:
     return ids
 
 
+
+def _prompt_ids(tokens: Any) -> Tensor:
+    """``tokens`` (ids, or an integer tensor of shape ``[N]`` or ``[1, N]``) as ``[1, N]``
+    long.
+
+    Raises:
+        TrialError: a string (not tokenized), a float or bool tensor, or anything that is
+            not a sequence of integer ids (:func:`locos_tl.trials.as_token_ids`)."""
+    if isinstance(tokens, Tensor):
+        dt = tokens.dtype
+        if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+            raise TrialError(f"tokens must be integer token ids, got a {dt} tensor")
+        return tokens.to(torch.long).reshape(1, -1)
+    from locos_tl.trials import as_token_ids
+
+    return torch.tensor([as_token_ids(tokens, "tokens")], dtype=torch.long).reshape(1, -1)
+
+
 @torch.no_grad()
 def greedy_decode(
     model: Any,
-    tokens: Sequence[int] | Tensor,
+    tokens: Any,  # Sequence[int] | Tensor; checked by _prompt_ids (clear TrialError)
     *,
     max_new_tokens: int = 50,
     on_step: Callable[[DecodeStep], None] | None = None,
@@ -568,11 +598,17 @@ def greedy_decode(
 
     Raises:
         ValueError: unknown ``stop_rule`` or ``decode_engine``; ``"twin"`` impossible.
-        TrialError: empty prompt, or prompt + ``max_new_tokens`` longer than ``n_ctx``.
+        ValueError: ``max_new_tokens`` is not an integer >= 1.
+        TrialError: ``tokens`` is not a sequence or tensor of integer ids (a string, a
+            float: the message says which); empty prompt; prompt + ``max_new_tokens``
+            longer than ``n_ctx``.
         NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
     check_stop_rule(stop_rule)
-    ids = torch.as_tensor(tokens, dtype=torch.long).reshape(1, -1)
+    ids = _prompt_ids(tokens)
+    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 1):
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     N = ids.shape[1]
     if N == 0:
         raise TrialError("empty prompt")
@@ -637,7 +673,7 @@ def greedy_decode(
                 out = eng.twin(step_input, past_key_values=cache, use_cache=True,
                                output_attentions=True, logits_to_keep=1)
                 logits = out.logits[0, -1]
-                attn = [a[0, :, -1, :] for a in out.attentions]
+                attn = [a.reshape(a.shape[1], a.shape[-1]) for a in out.attentions]
                 step_scales = dict(twin_scales.values) if twin_scales is not None else {}
             elif eng.path == "sdpa_twin":
                 logits = eng.twin(step_input, past_key_values=cache, use_cache=True,

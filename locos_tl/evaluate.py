@@ -42,7 +42,7 @@ from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
 from locos_tl.task_metrics import DEFAULT_CONTROL_METRIC, Scorer, get_scorer, scorer_name
-from locos_tl.trials import Trial, trial_set_hash
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
 BASELINE = "baseline"
@@ -159,7 +159,7 @@ def build_jobs(
 
 def evaluate(
     model: Any,
-    trials: Sequence[Trial],
+    trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
     head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
     *,
     k: int | Sequence[int] | None = None,
@@ -238,7 +238,8 @@ def evaluate(
             malformed, repeated or out-of-range head; a k or seed that is not an
             integer, a k below 1 or above ``n_layers * n_heads`` (nothing is dropped
             silently).
-        TrialError: a trial does not fit the model.
+        TrialError: ``trials`` is one bare Trial (pass a list) or holds a
+            non-Trial; a trial does not fit the model.
         LocosError: ``out_dir`` holds a run made with other settings.
     """
     mode = check_mode(mode)
@@ -246,7 +247,7 @@ def evaluate(
         raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
     score_fn = get_scorer(scorer)
     stop_rule = check_stop_rule(stop_rule)
-    trials = list(trials)
+    trials = as_trial_list(trials, "evaluate")
     check_trials_fit(model, trials, max_new_tokens)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     _check_head_sets(head_sets)

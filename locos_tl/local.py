@@ -27,6 +27,7 @@ def run_chunk(
     *,
     on_record: Callable[[int, dict[str, Any]], None] | None = None,
     batch_size: int = 1,
+    run_trial: Callable[..., dict[str, Any]] | None = None,
     **trial_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Records of ``trials`` (in order), each made by :func:`locos_tl.runner.run_trial`,
@@ -39,6 +40,9 @@ def run_chunk(
         detectors: the detectors sharing the decode pass.
         on_record: called with ``(index in trials, record)`` as each record is made.
         batch_size: trials decoded together (1: one at a time).
+        run_trial: the single-trial runner (default :func:`locos_tl.runner.run_trial`;
+            :func:`locos_tl.score.score_trials` passes its own name, so patching
+            ``locos_tl.score.run_trial`` reaches the executor).
         **trial_kwargs: :func:`locos_tl.runner.run_trial` keywords (``directions``,
             ``max_new_tokens``, ``decode_engine``, ...).
     """
@@ -47,9 +51,10 @@ def run_chunk(
 
         return run_trials_batched(model, trials, detectors, batch_size=batch_size,
                                   on_record=on_record, **trial_kwargs)
+    one = run_trial if run_trial is not None else runner.run_trial
     out = []
     for i, trial in enumerate(trials):
-        rec = runner.run_trial(model, trial, detectors, **trial_kwargs)
+        rec = one(model, trial, detectors, **trial_kwargs)
         if on_record is not None:
             on_record(i, rec)
         out.append(rec)

@@ -45,7 +45,7 @@ from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
 from locos_tl.tokenize import check_no_bos, encode_fragment
-from locos_tl.trials import Trial, trial_set_hash
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 from locos_tl.twin import sdpa_twin
 
 Corruption = Literal["filler", "name_swap"]
@@ -358,7 +358,7 @@ def cri_trial(
 
 def patch_heads(
     model: Any,
-    trials: Sequence[Trial],
+    trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
     *,
     corruption: Corruption = "filler",
     batch_size: int | None = None,
@@ -396,7 +396,8 @@ def patch_heads(
 
     Raises:
         ValueError: unknown corruption or answer position.
-        TrialError: a trial does not fit the model (the prompt, plus ``max_new_tokens``
+        TrialError: ``trials`` is one bare Trial (pass a list) or holds a
+            non-Trial; a trial does not fit the model (the prompt, plus ``max_new_tokens``
             with ``"generated"``) or cannot be corrupted.
         LocosError: ``out_dir`` holds a run with other settings or another trial set.
 
@@ -408,7 +409,7 @@ def patch_heads(
                          f"{list(get_args(AnswerPosition))}")
     if corruption not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
-    trials = list(trials)
+    trials = as_trial_list(trials, "patch_heads")
     # "prompt_end" reads the last prompt position and generates nothing: only the prompt
     # must fit (with max_new_tokens=1 the check is N <= n_ctx)
     check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)

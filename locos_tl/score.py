@@ -40,7 +40,7 @@ from locos_tl.runner import (  # re-exported: the runner's names stay importable
     run_trial,
     write_acceptance,
 )
-from locos_tl.trials import Trial
+from locos_tl.trials import as_trial_list
 from locos_tl.unembed import AnswerDirections, check_variant
 
 __all__ = ["RESUME_KEYS", "DISTRIBUTED_OPTIONS", "aggregate", "check_spans", "check_trials_fit",
@@ -55,7 +55,7 @@ DISTRIBUTED_OPTIONS: tuple[str, ...] = (
 
 def score_trials(
     model: Any,
-    trials: Sequence[Trial],
+    trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
     *,
     method: str = "locos",
     methods: Sequence[str] | None = None,
@@ -150,7 +150,8 @@ def score_trials(
     Raises:
         ValueError: unknown method, variant or span, or a span override for a method
             that is not scored.
-        TrialError: a trial does not fit the model (checked before any decoding).
+        TrialError: ``trials`` is one bare Trial (pass a list) or holds a
+            non-Trial; a trial does not fit the model (checked before any decoding).
         LocosError: ``out_dir`` holds a run made with other settings or over another
             trial set (the message names both trial-set hashes).
         DistributedError: ``workers`` > 1 without Ray installed (says how to install it).
@@ -168,6 +169,7 @@ def score_trials(
         num_cpus_per_worker=num_cpus_per_worker, max_restarts=max_restarts,
         max_attempts=max_attempts, ray_init_kwargs=ray_init_kwargs, pool=pool,
         on_record=on_record).items() if v is not None}
+    trials = as_trial_list(trials, "score_trials")
     if isinstance(methods, str):  # one name, as methods=[name] (a dict is returned)
         methods = [methods]
     if not isinstance(method, str):
@@ -233,7 +235,8 @@ def score_trials(
     from locos_tl.local import run_trials_local  # the local executor
 
     run_trials_local(model, [trials[i] for i in todo], detectors, on_record=keep,
-                     progress=progress, directions=directions, max_new_tokens=max_new_tokens,
+                     progress=progress, run_trial=run_trial,  # this module's name: patchable
+                     directions=directions, max_new_tokens=max_new_tokens,
                      gate_threshold=gate_threshold, prefill_mode=prefill_mode,
                      chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
                      decode_engine=decode_engine, batch_size=batch_size,

@@ -62,7 +62,7 @@ class Trial:
     answer_span: Any = None  # Sequence[int] | None; stored as a (a, b) tuple or None
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", _token_ids(self.tokens))
+        object.__setattr__(self, "tokens", as_token_ids(self.tokens, "Trial.tokens"))
         s, e = _span(self.needle_span, "needle_span")
         object.__setattr__(self, "needle_span", (s, e))
         if not self.tokens:
@@ -242,23 +242,28 @@ def _int(x: Any, what: str) -> int:
     raise TrialError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
 
 
-def _token_ids(tokens: Any) -> tuple[int, ...]:
-    """``Trial.tokens`` as a tuple of non-negative ints.
+def as_token_ids(tokens: Any, what: str) -> tuple[int, ...]:
+    """``tokens`` as a tuple of non-negative Python ints (numpy and torch integers too).
+
+    Args:
+        tokens: a sequence of token ids.
+        what: the argument's name, for the message (e.g. ``"Trial.tokens"``).
 
     Raises:
-        TrialError: a string, a non-sequence, or a non-integer or negative id (named)."""
+        TrialError: a string, a non-sequence, or a non-integer or negative id (the
+            message names ``what`` and the index)."""
     if isinstance(tokens, (str, bytes)):
         raise TrialError(
-            f"Trial.tokens must be a sequence of token ids (ints), got a "
+            f"{what} must be a sequence of token ids (ints), got a "
             f"{type(tokens).__name__} {tokens[:40]!r}; tokenize the text first "
             "(Trial.from_text, or locos_tl.tokenize.encode_prompt)")
     if isinstance(tokens, Mapping) or not isinstance(tokens, Iterable):
-        raise TrialError(f"Trial.tokens must be a sequence of token ids (ints), got "
+        raise TrialError(f"{what} must be a sequence of token ids (ints), got "
                          f"{type(tokens).__name__} {tokens!r}"[:200])
-    out = tuple(_int(t, f"Trial.tokens[{i}]") for i, t in enumerate(tokens))
+    out = tuple(_int(t, f"{what}[{i}]") for i, t in enumerate(tokens))
     for i, t in enumerate(out):
         if t < 0:
-            raise TrialError(f"Trial.tokens[{i}] = {t} is negative (not a token id)")
+            raise TrialError(f"{what}[{i}] = {t} is negative (not a token id)")
     return out
 
 

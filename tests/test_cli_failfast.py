@@ -102,9 +102,9 @@ def _resume_line(output: str) -> list[str]:
 
 
 def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_file, tmp_path):
-    import locos_tl.runner  # the local executor calls the runner's run_trial
+    import locos_tl.score
 
-    real = locos_tl.runner.run_trial
+    real = locos_tl.score.run_trial
     calls = []
 
     def interrupted_after_two(*args, **kwargs):
@@ -116,14 +116,14 @@ def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_f
     args = ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials_file),
             "--out", str(tmp_path / "run"), "--max-new-tokens", "8", "--variant", "exact",
             "--method", "locos,wu"]
-    monkeypatch.setattr(locos_tl.runner, "run_trial", interrupted_after_two)
+    monkeypatch.setattr(locos_tl.score, "run_trial", interrupted_after_two)
     res = runner.invoke(app, args)
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.output and "Traceback" not in res.output
     resume = _resume_line(res.output)
     assert len((tmp_path / "run" / "trials.jsonl").read_text().splitlines()) == 2
 
-    monkeypatch.setattr(locos_tl.runner, "run_trial", real)
+    monkeypatch.setattr(locos_tl.score, "run_trial", real)
     again = runner.invoke(app, resume)  # the printed command, verbatim
     assert again.exit_code == 0, again.output
     assert f"resuming {tmp_path / 'run'}: skipping 2 of 3 finished trials" in again.output
