@@ -81,13 +81,15 @@ class AblationMeans:
 
     def save(self, path: str | Path) -> Path:
         """Write a ``.safetensors`` file (tensors ``q``, ``z``; counts and meta as metadata)."""
-        from safetensors.torch import save_file
+        from safetensors.torch import save
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         info = {"n_prompts": self.n_prompts, "n_tokens": self.n_tokens, "meta": self.meta}
-        save_file({"q": self.q.contiguous(), "z": self.z.contiguous()}, str(path),
-                  metadata={"locos_tl": json.dumps(info, default=str)})
+        # written by Python, so the file gets the usual permissions (umask), like the
+        # run's other files (safetensors' save_file may create it 0600)
+        path.write_bytes(save({"q": self.q.contiguous(), "z": self.z.contiguous()},
+                              metadata={"locos_tl": json.dumps(info, default=str)}))
         return path
 
     @classmethod

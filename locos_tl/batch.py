@@ -38,28 +38,31 @@ Gemma-3, OLMo-2 and Llama in ``tests/test_batch.py``.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall, think_token_ids
+from locos_tl.answers import GATE_THRESHOLD
 from locos_tl.decode import (
-    DecodeResult,
     DecodeStep,
     StopRule,
+    _aligned_values,
     _cache_values,
     _new_cache,
-    _stop_ids,
+    _PaddedValues,
+    _pre_step_values,
+    _sliding_layers,
+    _StopRules,
+    _StopState,
     check_stop_rule,
-    is_newline_stop,
     prefill_with_rows,
 )
-from locos_tl.detectors import Detector, TrialOutcome
-from locos_tl.errors import LocosError, NonFiniteError, TrialError
-from locos_tl.runner import _to_host, non_finite_record, run_trial
+from locos_tl.detectors import Detector
+from locos_tl.errors import LocosError, TrialError
+from locos_tl.runner import _Collector, non_finite_record, run_trial, trial_record
 from locos_tl.trials import Trial
 from locos_tl.unembed import AnswerDirections
 
@@ -103,12 +106,9 @@ class _Row:
     trial: Trial
     ids: Tensor  # [N] prompt ids on the device
     on_step: Callable[[DecodeStep], None]
-    in_think: bool
-    start: int | None
+    state: _StopState  # greedy_decode's stop/thinking state
     key_tokens: Tensor
-    after_think: bool = False
     generated: list[int] = field(default_factory=list)
-    stopped_by: str = "max_new_tokens"
     non_finite: str | None = None
 
     @property
@@ -162,163 +162,6 @@ class _Scales:
 _HAS_KV = "_kv" in getattr(DecodeStep, "__dataclass_fields__", {})
 
 
-def _aligned(before: Tensor | None, after: Tensor | None, n_row: int, layer: int) -> Tensor:
-    """The values ``[B, n_kv, n_row, d_head]`` of the ``n_row`` keys a decode step's
-    query attended to on one layer, oldest first, from the layer's cache values just
-    before and after the step (the alignment of :func:`locos_tl.decode.greedy_decode`):
-    a full-attention cache holds them all after the update; a sliding-window cache
-    (``DynamicSlidingWindowLayer``) keeps only the last ``window - 1`` keys, so they are
-    the cache before the update plus the step's new value.
-
-    Raises:
-        LocosError: the cache holds neither layout.
-    """
-    if after is not None and after.shape[-2] == n_row:
-        return after
-    if after is not None and before is not None and before.shape[-2] + 1 == n_row:
-        return torch.cat([before, after[:, :, -1:]], dim=-2)
-    raise LocosError(
-        f"layer {layer}: the attention row covers {n_row} keys but the KV cache holds "
-        f"{None if after is None else after.shape[-2]} after the step "
-        f"({None if before is None else before.shape[-2]} before); values cannot be "
-        "aligned to key positions for this cache class")
-
-
-class _AlignedValues(Sequence[Tensor]):
-    """``DecodeStep.values`` of one batch row, built only when read: layer ``l``'s
-    ``[n_keys, n_kv, d_head]`` values at the trial's absolute key positions (zeros
-    before a sliding window), from ``kv[l]`` ``[n_kv, K_l, d_head]`` (cache views)."""
-
-    def __init__(self, kv: list[Tensor], n_keys: int) -> None:
-        self._kv, self._n = kv, n_keys
-
-    def __len__(self) -> int:
-        return len(self._kv)
-
-    def __getitem__(self, layer: int) -> Tensor:  # type: ignore[override]
-        v = self._kv[layer].transpose(0, 1)
-        if v.shape[0] == self._n:
-            return v
-        return torch.cat([v.new_zeros(self._n - v.shape[0], *v.shape[1:]), v])
-
-    def __iter__(self) -> Iterator[Tensor]:
-        return (self[l] for l in range(len(self)))
-
-
-def _row_to_keys(row: Tensor, n_keys: int) -> Tensor:
-    """A right-aligned row (or rows) over ``K`` padded key columns, placed at a trial's
-    own ``n_keys`` absolute key positions: columns before the trial's first token are
-    padding (probability 0) and dropped; zeros before a window."""
-    k = min(row.shape[-1], n_keys)
-    out = row.new_zeros(*row.shape[:-1], n_keys)
-    out[..., n_keys - k:] = row[..., row.shape[-1] - k:]
-    return out
-
-
-def _finish(row: _Row, tok: Any, think_open: frozenset[int],
-            think_close: frozenset[int]) -> DecodeResult:
-    """The row's :class:`DecodeResult`, as greedy_decode builds it."""
-    generated = row.generated
-    n_gen = len(generated)
-    start = n_gen if row.start is None else row.start
-    end = n_gen - 1 if row.stopped_by != "max_new_tokens" else n_gen
-    text = tok.decode(generated[start:end], skip_special_tokens=True).strip() if end > start else ""
-    think_ids = [g for g in generated[: min(start, end)]
-                 if g not in think_open and g not in think_close]
-    thought = tok.decode(think_ids, skip_special_tokens=True).strip() if think_ids else ""
-    return DecodeResult(prompt_len=row.n, generated=list(generated), text=text,
-                        stopped_by=row.stopped_by, response_start=start, thinking=thought)
-
-
-class _Collector:
-    """One trial's detector inputs, as run_trial gathers them (kept on the device)."""
-
-    def __init__(self, trial: Trial, detectors: Sequence[Detector]) -> None:
-        self.detectors = detectors
-        self.per_step: dict[str, list[Tensor]] = {d.name: [] for d in detectors}
-        self.needs_phi = any(d.needs_phi for d in detectors)
-        self.phi_ok: list[Tensor] = []
-        self.spans = {d.name: trial.span(d.span) for d in detectors}
-        self.prompt_vals: dict[str, dict[int, Tensor]] = {
-            d.name: {} for d in detectors if d.prompt_window}
-
-    def on_step(self, step: DecodeStep) -> None:
-        if self.needs_phi:
-            self.phi_ok.append(torch.isfinite(step.phi).all())
-        for d in self.detectors:
-            if d.steps == "prompt" and step.t > 0:
-                continue
-            self.per_step[d.name].append(d.step_value(step, self.spans[d.name]))
-
-    def on_prompt_rows(self, layer: int, rows: Tensor) -> None:
-        for d in self.detectors:
-            if d.prompt_window:
-                self.prompt_vals[d.name][layer] = d.prompt_value(rows, self.spans[d.name])
-
-
-def _record(model: Any, trial: Trial, detectors: Sequence[Detector], result: DecodeResult,
-            col: _Collector, gate_threshold: float) -> dict[str, Any]:
-    """The trial's record, field for field as :func:`locos_tl.runner.run_trial` makes it
-    after its decode (detector values moved to the host in one transfer)."""
-
-    def failed(reason: str) -> dict[str, Any]:
-        rec = non_finite_record(trial, reason)
-        rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
-        rec["spans"] = {d.name: d.span for d in detectors}
-        return rec
-
-    host = _to_host(col.per_step, col.prompt_vals, col.phi_ok)  # one transfer per trial
-    ok = host.pop("__phi_ok__", None)
-    if ok is not None and not bool(ok.all()):
-        bad = int((~ok).nonzero()[0])
-        return failed(str(NonFiniteError(f"decoding step {bad}: phi holds NaN or inf")))
-    recall = rouge1_recall(result.text, trial.answer)
-    steps = answer_steps(model.tokenizer, result.generated, trial.answer,
-                         start=result.response_start)
-    dropped = None
-    if recall <= gate_threshold:
-        dropped = "gate"
-    elif not steps:
-        dropped = "no_answer_step"
-    outcome = TrialOutcome(
-        generated=list(result.generated), response=result.text, answer=trial.answer,
-        rouge1_recall=recall, answer_steps=list(steps), gate_threshold=gate_threshold,
-        tokenizer=model.tokenizer, response_start=result.response_start,
-    )
-    dropped_by = {d.name: d.drop_reason(outcome) for d in detectors}
-    record: dict[str, Any] = {
-        "trial_id": trial.trial_id,
-        "n_prompt_tokens": trial.n_tokens,
-        "needle_span": list(trial.needle_span),
-        "answer_span": None if trial.answer_span is None else list(trial.answer_span),
-        "spans": {d.name: d.span for d in detectors},
-        "answer": trial.answer,
-        "response": result.text,
-        "generated": result.generated,
-        "stopped_by": result.stopped_by,
-        "response_start": result.response_start,
-        "rouge1_recall": recall,
-        "accepted": dropped is None,
-        "dropped": dropped,
-        "dropped_by": dropped_by,
-        "answer_steps": steps,
-        "scores": {},
-        "step_values": {},
-        "meta": trial.meta,
-    }
-    for d in detectors:
-        if dropped_by[d.name] is not None:
-            continue
-        used = d.used_steps(outcome)
-        vals = host[d.name][torch.as_tensor(used, dtype=torch.long)]
-        pv_t = host.get(f"__prompt__{d.name}")
-        score = d.trial_score(vals, prompt_values=pv_t)
-        record["scores"][d.name] = None if score is None else score.tolist()
-        if d.steps == "answer":
-            record["step_values"][d.name] = vals.tolist()
-    return record
-
-
 @torch.no_grad()
 def _decode_batch(
     model: Any,
@@ -326,8 +169,7 @@ def _decode_batch(
     *,
     max_new_tokens: int,
     directions: AnswerDirections | None,
-    stop_rule: StopRule,
-    thinking: bool,
+    rules: _StopRules,
     chunk_size: int | None,
     prompt_window: int,
     on_prompt_rows: dict[int, Callable[[int, Tensor], None]] | None,
@@ -340,9 +182,6 @@ def _decode_batch(
     device = rows[0].ids.device
     n_layers, n_heads = int(model.cfg.n_layers), int(model.cfg.n_heads)
     W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]
-    tok = model.tokenizer
-    think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
-    stop_ids = _stop_ids(model)
     B = len(rows)
     T = max(r.n for r in rows)
     pad_id = 0
@@ -392,9 +231,12 @@ def _decode_batch(
         step_pos = pos[:, -1:]
         mask = mask[:, :-1]  # the cached keys; each step appends its own column
         active = list(rows)
+        # only a sliding layer's pre-step values are needed (and small); a full layer's
+        # old cache is never kept alive past its update (as in greedy_decode)
+        sliding = _sliding_layers(cache, n_layers)
         for t in range(max_new_tokens):
             mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            before = [_cache_values(cache, l) for l in range(n_layers)]
+            before = _pre_step_values(cache, sliding)
             out = eager(step_input, attention_mask=mask, position_ids=step_pos,
                         past_key_values=cache, use_cache=True, output_attentions=True,
                         logits_to_keep=1)
@@ -404,7 +246,7 @@ def _decode_batch(
             rows_l = [a[:, :, -1, :].to(torch.float32) for a in out.attentions]  # [B, H, K_l]
             stacked = (torch.stack(rows_l) if len({x.shape[-1] for x in rows_l}) == 1
                        else None)  # [L, B, H, K] when no layer has a shorter window
-            vals_l = [_aligned(before[l], _cache_values(cache, l), rows_l[l].shape[-1], l)
+            vals_l = [_aligned_values(before[l], _cache_values(cache, l), rows_l[l].shape[-1], l)
                       for l in range(n_layers)]  # [B, n_kv, K_l, d_head]
             keep: list[int] = []
             for b, r in enumerate(active):
@@ -412,7 +254,7 @@ def _decode_batch(
                 if y < 0:
                     r.non_finite = (f"decoding step {t}: the logits hold NaN or inf (dtype "
                                     f"{logits.dtype}; an fp16 overflow? try bfloat16)")
-                    r.stopped_by = "non_finite"
+                    r.state.stopped_by = "non_finite"
                     on_done(r)
                     continue
                 n_keys = r.key_tokens.shape[0]
@@ -426,16 +268,15 @@ def _decode_batch(
                         pattern[l, :, n_keys - k:] = row[:, row.shape[-1] - k:]
                 kv = [v[b, :, max(v.shape[-2] - n_keys, 0):] for v in vals_l]  # [n_kv, k, d]
                 extra = {"_kv": kv} if _HAS_KV else {}
-                step_thinking = r.in_think or y in think_open or y in think_close
+                step_thinking = rules.is_thinking(r.state, y)
                 r.on_step(DecodeStep(
                     t=t, token=y, key_tokens=r.key_tokens, pattern=pattern,
-                    values=_AlignedValues(kv, n_keys),
+                    values=_PaddedValues(kv, n_keys),
                     scales={k_: v_[b] for k_, v_ in scales.values.items()}, logits=logits[b],
                     thinking=step_thinking, _W_O=W_O, _directions=directions, **extra))
                 r.generated.append(y)
                 r.key_tokens = torch.cat([r.key_tokens, r.key_tokens.new_tensor([y])])
-                if _stops(r, t, y, step_thinking, tok, stop_ids, think_open, think_close,
-                          stop_rule):
+                if rules.advance(r.state, t, y, step_thinking):
                     on_done(r)
                     continue
                 keep.append(b)
@@ -453,30 +294,6 @@ def _decode_batch(
             on_done(r)
     finally:
         scales.remove()
-
-
-def _stops(r: _Row, t: int, y: int, step_thinking: bool, tok: Any, stop_ids: set[int],
-           think_open: frozenset[int], think_close: frozenset[int], stop_rule: StopRule
-           ) -> bool:
-    """Advance the row's stop/thinking state after token ``y`` at step ``t`` (the rule
-    of :func:`locos_tl.decode.greedy_decode`); True when the row stops here."""
-    if y in stop_ids:
-        r.stopped_by = "eos"
-        return True
-    if y in think_open:
-        r.in_think, r.start, r.after_think = True, None, False
-    elif y in think_close:
-        r.in_think, r.start, r.after_think = False, t + 1, True
-    if step_thinking:
-        return False
-    text_y = tok.decode([y])
-    if r.after_think and not text_y.strip():
-        return False
-    r.after_think = False
-    if is_newline_stop(text_y, stop_rule):
-        r.stopped_by = "newline"
-        return True
-    return False
 
 
 def run_trials_batched(
@@ -546,8 +363,7 @@ def run_trials_batched(
         return out  # type: ignore[return-value]
 
     device = next(model.original_model.parameters()).device
-    tok = model.tokenizer
-    think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
+    rules = _StopRules.of(model, stop_rule, thinking)
     window = max((d.prompt_window for d in detectors), default=0)
     order = sorted(range(len(trials)), key=lambda i: trials[i].n_tokens)
     for s in range(0, len(order), batch_size):
@@ -559,31 +375,22 @@ def run_trials_batched(
             if trial.n_tokens == 0:
                 raise TrialError(f"trial {trial.trial_id}: empty prompt")
             prompt = torch.as_tensor(trial.tokens, dtype=torch.long, device=device)
-            in_think = False
-            for tid in prompt.tolist() if think_open or think_close else ():
-                if tid in think_open:
-                    in_think = True
-                elif tid in think_close:
-                    in_think = False
             cols[i] = _Collector(trial, detectors)
             rows.append(_Row(index=i, trial=trial, ids=prompt, on_step=cols[i].on_step,
-                             in_think=in_think, start=None if in_think else 0,
-                             key_tokens=prompt.clone()))
+                             state=rules.initial(prompt), key_tokens=prompt.clone()))
 
         def finished(r: _Row, cols_: dict[int, _Collector] = cols) -> None:
             if r.non_finite is not None:
-                rec = non_finite_record(r.trial, r.non_finite)
-                rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
-                rec["spans"] = {d.name: d.span for d in detectors}
+                rec = non_finite_record(r.trial, r.non_finite, detectors)
             else:
-                result = _finish(r, tok, think_open, think_close)
-                rec = _record(model, r.trial, detectors, result, cols_[r.index],
-                              gate_threshold)
+                rec = trial_record(model, r.trial, detectors,
+                                   rules.result(r.state, r.n, list(r.generated)),
+                                   cols_[r.index], gate_threshold)
             done(r.index, rec)
 
         prompt_cbs = ({i: c.on_prompt_rows for i, c in cols.items()} if window else None)
         _decode_batch(model, rows, max_new_tokens=max_new_tokens, directions=directions,
-                      stop_rule=stop_rule, thinking=thinking, chunk_size=chunk_size,
+                      rules=rules, chunk_size=chunk_size,
                       prompt_window=window, on_prompt_rows=prompt_cbs,
                       on_done=finished)
     return out  # type: ignore[return-value]

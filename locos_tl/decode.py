@@ -215,6 +215,92 @@ class DecodeResult:
     thinking: str = ""
 
 
+@dataclass
+class _StopState:
+    """One trial's stop and thinking state while decoding (:class:`_StopRules`).
+
+    ``in_think``: inside a ``<think>`` block; ``start``: the response start in
+    ``generated`` (None while thinking); ``after_think``: only whitespace generated
+    since the block closed; ``stopped_by`` as in :class:`DecodeResult`.
+    """
+
+    in_think: bool = False
+    start: int | None = 0
+    after_think: bool = False
+    stopped_by: str = "max_new_tokens"
+
+
+@dataclass(frozen=True)
+class _StopRules:
+    """:func:`greedy_decode`'s stop and thinking rules, shared with
+    :mod:`locos_tl.batch` so both decide every token alike."""
+
+    tok: Any
+    stop_ids: frozenset[int]
+    think_open: frozenset[int]
+    think_close: frozenset[int]
+    stop_rule: str = "newline_token"
+    stop_at_newline: bool = True
+
+    @classmethod
+    def of(cls, model: Any, stop_rule: str, thinking: bool, *, stop_at_eos: bool = True,
+           stop_at_newline: bool = True) -> _StopRules:
+        tok = model.tokenizer
+        think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
+        return cls(tok, frozenset(_stop_ids(model)) if stop_at_eos else frozenset(),
+                   think_open, think_close, stop_rule, stop_at_newline)
+
+    def initial(self, prompt: Tensor) -> _StopState:
+        """The state after the prompt ``[N]`` (does it leave a thinking block open?)."""
+        in_think = False
+        for i in prompt.tolist() if self.think_open or self.think_close else ():
+            if i in self.think_open:
+                in_think = True
+            elif i in self.think_close:
+                in_think = False
+        return _StopState(in_think=in_think, start=None if in_think else 0)
+
+    def is_thinking(self, state: _StopState, y: int) -> bool:
+        """Whether token ``y`` belongs to a thinking block (its markers included)."""
+        return state.in_think or y in self.think_open or y in self.think_close
+
+    def advance(self, state: _StopState, t: int, y: int, step_thinking: bool) -> bool:
+        """Update ``state`` after token ``y`` at step ``t``; True when decoding stops
+        here (``state.stopped_by`` says why)."""
+        if y in self.stop_ids:
+            state.stopped_by = "eos"
+            return True
+        if y in self.think_open:
+            state.in_think, state.start, state.after_think = True, None, False
+        elif y in self.think_close:
+            state.in_think, state.start, state.after_think = False, t + 1, True
+        if step_thinking:
+            return False
+        text_y = self.tok.decode([y])
+        if state.after_think and not text_y.strip():  # "</think>\n\n": part of the block
+            return False
+        state.after_think = False
+        if self.stop_at_newline and is_newline_stop(text_y, self.stop_rule):
+            state.stopped_by = "newline"
+            return True
+        return False
+
+    def result(self, state: _StopState, prompt_len: int, generated: list[int]) -> DecodeResult:
+        """The :class:`DecodeResult` of a finished decode."""
+        tok = self.tok
+        n_gen = len(generated)
+        start = n_gen if state.start is None else state.start
+        end = n_gen - 1 if state.stopped_by != "max_new_tokens" else n_gen
+        text = (tok.decode(generated[start:end], skip_special_tokens=True).strip()
+                if end > start else "")
+        think_ids = [g for g in generated[: min(start, end)]
+                     if g not in self.think_open and g not in self.think_close]
+        thought = tok.decode(think_ids, skip_special_tokens=True).strip() if think_ids else ""
+        return DecodeResult(prompt_len=prompt_len, generated=generated, text=text,
+                            stopped_by=state.stopped_by, response_start=start,
+                            thinking=thought)
+
+
 def _hf_model(model: Any) -> Any:
     return model.original_model
 
@@ -450,10 +536,35 @@ def _cache_values(cache: Any, layer: int) -> Tensor | None:
     return vals if isinstance(vals, Tensor) else None
 
 
+def _sliding_layers(cache: Any, n_layers: int) -> list[bool]:
+    """Per layer, whether its cache is a sliding-window layer (``is_sliding``), the
+    layers whose pre-step values :func:`_step_values` needs; a full layer's old values
+    are never kept alive past its update."""
+    return [bool(getattr(cache.layers[l], "is_sliding", False))
+            if l < len(cache.layers) else False for l in range(n_layers)]
+
+
+def _pre_step_values(cache: Any, sliding: Sequence[bool]) -> list[Tensor | None]:
+    """The ``before`` of :func:`_step_values` for every layer: a sliding layer's cache
+    values just before the step (small), None for a full layer."""
+    return [_cache_values(cache, l) if s else None for l, s in enumerate(sliding)]
+
+
 def _step_values(before: Tensor | None, after: Tensor, n_row: int, layer: int) -> Tensor:
     """Values of the ``n_row`` keys one decode step's query attended to, ``[n_kv, n_row,
     d_head]`` (a view of the cache when it holds them all), oldest first (absolute
-    positions ``N_t - n_row .. N_t - 1``).
+    positions ``N_t - n_row .. N_t - 1``): :func:`_aligned_values` of batch size 1.
+
+    Raises:
+        LocosError: the cache holds neither layout (an unsupported cache class).
+    """
+    return _aligned_values(before, after, n_row, layer)[0]  # [n_kv, n_row, d_head]
+
+
+def _aligned_values(before: Tensor | None, after: Tensor | None, n_row: int,
+                    layer: int) -> Tensor:
+    """Values ``[B, n_kv, n_row, d_head]`` of the ``n_row`` keys a decode step's query
+    attended to on one layer, oldest first.
 
     ``before``/``after`` are the layer's cache values just before and after the step.
     A full-attention layer's cache holds every key after the update. A sliding-window
@@ -466,17 +577,15 @@ def _step_values(before: Tensor | None, after: Tensor, n_row: int, layer: int) -
     Raises:
         LocosError: the cache holds neither layout (an unsupported cache class).
     """
-    if after.shape[-2] == n_row:
-        v = after
-    elif before is not None and before.shape[-2] + 1 == n_row:
-        v = torch.cat([before, after[:, :, -1:]], dim=-2)
-    else:
-        raise LocosError(
-            f"layer {layer}: the attention row covers {n_row} keys but the KV cache holds "
-            f"{after.shape[-2]} after the step ({None if before is None else before.shape[-2]}"
-            " before); values cannot be aligned to key positions for this cache class"
-        )
-    return v[0]  # [n_kv, n_row, d_head]
+    if after is not None and after.shape[-2] == n_row:
+        return after
+    if after is not None and before is not None and before.shape[-2] + 1 == n_row:
+        return torch.cat([before, after[:, :, -1:]], dim=-2)
+    raise LocosError(
+        f"layer {layer}: the attention row covers {n_row} keys but the KV cache holds "
+        f"{None if after is None else after.shape[-2]} after the step "
+        f"({None if before is None else before.shape[-2]} before); values cannot be "
+        "aligned to key positions for this cache class")
 
 
 def _assemble(
@@ -639,26 +748,16 @@ def greedy_decode(
 
     fwd_hooks = [(f"blocks.{l}.attn.hook_pattern", keep_row) for l in range(n_layers)]
     fwd_hooks += [(name, keep_scale) for name in scale_hooks]
-    stop_ids = _stop_ids(model) if stop_at_eos else set()
-    tok = model.tokenizer
-    think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
-    in_think = False  # does the prompt leave a thinking block open?
-    for i in ids[0].tolist() if think_open or think_close else ():
-        if i in think_open:
-            in_think = True
-        elif i in think_close:
-            in_think = False
-    start: int | None = None if in_think else 0  # response start; None while thinking
-    after_think = False  # only whitespace generated since the block closed
+    rules = _StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos,
+                          stop_at_newline=stop_at_newline)
+    state = rules.initial(ids[0])  # does the prompt leave a thinking block open?
 
     if forced_tokens is not None:
         max_new_tokens = min(max_new_tokens, len(forced_tokens))
     keys = ids.new_zeros(N + max_new_tokens)  # key ids; step t reads keys[:N + t]
     keys[:N] = ids[0]
-    sliding = [bool(getattr(cache.layers[l], "is_sliding", False))
-               if l < len(cache.layers) else False for l in range(n_layers)]
+    sliding = _sliding_layers(cache, n_layers)
     generated: list[int] = []
-    stopped_by = "max_new_tokens"
     twin_scales = (_TwinScales(model, eng.twin, scale_hooks)
                    if eng.path == "eager_twin" else None)
     try:
@@ -667,7 +766,7 @@ def greedy_decode(
             step_input = keys[n_keys - 1 : n_keys].view(1, 1)
             # only a sliding layer's pre-step values are needed (and small); a full
             # layer's old cache is never kept alive past its update
-            before = [_cache_values(cache, l) if sliding[l] else None for l in range(n_layers)]
+            before = _pre_step_values(cache, sliding)
             attn: Sequence[Tensor] = ()
             if eng.path == "eager_twin":
                 out = eng.twin(step_input, past_key_values=cache, use_cache=True,
@@ -694,7 +793,7 @@ def greedy_decode(
                 raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
                                      f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
             y = pick if forced_tokens is None else int(forced_tokens[t])
-            step_thinking = in_think or y in think_open or y in think_close
+            step_thinking = rules.is_thinking(state, y)
             if on_step is not None:
                 pattern, kv = _assemble(attn, cache, before, n_keys)
                 on_step(DecodeStep(t=t, token=y, key_tokens=keys[:n_keys], pattern=pattern,
@@ -704,31 +803,9 @@ def greedy_decode(
             generated.append(y)
             if n_keys < keys.shape[0]:
                 keys[n_keys] = y
-            if y in stop_ids:
-                stopped_by = "eos"
-                break
-            if y in think_open:
-                in_think, start, after_think = True, None, False
-            elif y in think_close:
-                in_think, start, after_think = False, t + 1, True
-            if step_thinking:
-                continue
-            text_y = tok.decode([y])
-            if after_think and not text_y.strip():  # "</think>\n\n": part of the block
-                continue
-            after_think = False
-            if stop_at_newline and is_newline_stop(text_y, stop_rule):
-                stopped_by = "newline"
+            if rules.advance(state, t, y, step_thinking):
                 break
     finally:
         if twin_scales is not None:
             twin_scales.remove()
-    n_gen = len(generated)
-    start = n_gen if start is None else start
-    end = n_gen - 1 if stopped_by != "max_new_tokens" else n_gen
-    text = tok.decode(generated[start:end], skip_special_tokens=True).strip() if end > start else ""
-    think_ids = [g for g in generated[: min(start, end)]
-                 if g not in think_open and g not in think_close]
-    thought = tok.decode(think_ids, skip_special_tokens=True).strip() if think_ids else ""
-    return DecodeResult(prompt_len=N, generated=generated, text=text, stopped_by=stopped_by,
-                        response_start=start, thinking=thought)
+    return rules.result(state, N, generated)

@@ -166,6 +166,24 @@ class HeadScores:
             LocosError: no head has a score (no accepted trial); see
                 :meth:`check_rankable`.
         """
+        self.warn_if_all_zero()
+        return self._order(descending)
+
+    @property
+    def all_zero(self) -> bool:
+        """Whether every finite score is exactly 0 (and at least one is finite): the
+        ranking is then index order (ties broken by ``(layer, head)``), not a result."""
+        finite = self.scores[torch.isfinite(self.scores)]
+        return bool(finite.numel()) and bool((finite == 0).all())
+
+    def warn_if_all_zero(self, stacklevel: int = 3) -> None:
+        """Warn (``RuntimeWarning``) when :attr:`all_zero`: a ranking of all-zero scores
+        is the heads' index order, not a result."""
+        if self.all_zero:
+            warnings.warn(f"{self.method}: every score is 0: the ranking is index order, "
+                          "not a result", RuntimeWarning, stacklevel=stacklevel)
+
+    def _order(self, descending: bool) -> list[Head]:
         self.check_rankable()
         flat = self.scores.flatten().clone()
         fill = float("-inf") if descending else float("inf")
@@ -180,7 +198,8 @@ class HeadScores:
             LocosError: no head has a score (no accepted trial); ``k`` is not an
                 integer >= 0 (``HeadSpecError``).
         """
-        return self.ranked(True)[:as_count(k)]
+        self.warn_if_all_zero()
+        return self._order(True)[:as_count(k)]
 
     def bottom_k(self, k: int) -> list[Head]:
         """The ``k`` lowest-scoring heads (the bottom-k ablation control).
@@ -189,7 +208,8 @@ class HeadScores:
             LocosError: no head has a score (no accepted trial); ``k`` is not an
                 integer >= 0 (``HeadSpecError``).
         """
-        return self.ranked(False)[:as_count(k)]
+        self.warn_if_all_zero()
+        return self._order(False)[:as_count(k)]
 
     # -- tables and files -------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:

@@ -135,6 +135,11 @@ def write_method_dirs(
 def _choose(path: Path, methods: list[str], method: str | None) -> str:
     if method is not None:
         if method not in methods:
+            from locos_tl.detectors import DETECTORS
+
+            if method not in DETECTORS:
+                raise LocosError(f"{path} holds scores of {', '.join(methods)}; {method!r} is "
+                                 f"no method (methods: {', '.join(sorted(DETECTORS))})")
             raise LocosError(f"{path} holds scores of {', '.join(methods)}, not of {method!r}"
                              f"; score it with --method {method} (into a new --out)")
         return method

@@ -25,7 +25,7 @@ import torch
 
 from locos_tl.acceptance import acceptance_counts
 from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
-from locos_tl.decode import DecodeStep, StopRule, greedy_decode
+from locos_tl.decode import DecodeResult, DecodeStep, StopRule, greedy_decode
 from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome
 from locos_tl.errors import NonFiniteError, TrialError
 from locos_tl.heads import HeadScores
@@ -132,18 +132,53 @@ def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -
             )
 
 
-def non_finite_record(trial: Trial, reason: str) -> dict[str, Any]:
+def non_finite_record(
+    trial: Trial, reason: str, detectors: Sequence[Detector] | None = None
+) -> dict[str, Any]:
     """The record of a trial whose forward pass produced NaN or inf (logits, or phi of a
-    phi-based detector): dropped with reason ``"non_finite"``, and a ``RuntimeWarning``."""
+    phi-based detector): dropped with reason ``"non_finite"``, and a ``RuntimeWarning``.
+    With ``detectors``, also ``dropped_by`` (every method ``"non_finite"``) and
+    ``spans`` (method -> span name), as :func:`run_trial` records it."""
     warnings.warn(f"trial {trial.trial_id} dropped (non_finite): {reason}", RuntimeWarning,
                   stacklevel=3)
-    return {
+    rec = {
         "trial_id": trial.trial_id, "n_prompt_tokens": trial.n_tokens,
         "needle_span": list(trial.needle_span), "answer": trial.answer, "response": "",
         "generated": [], "stopped_by": "non_finite", "rouge1_recall": 0.0,
         "accepted": False, "dropped": "non_finite", "non_finite": reason,
         "answer_steps": [], "scores": {}, "step_values": {}, "meta": trial.meta,
     }
+    if detectors is not None:
+        rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
+        rec["spans"] = {d.name: d.span for d in detectors}
+    return rec
+
+
+class _Collector:
+    """One trial's detector inputs, gathered while decoding (kept on the device):
+    per-step values, phi's per-step finiteness, prompt-row values."""
+
+    def __init__(self, trial: Trial, detectors: Sequence[Detector]) -> None:
+        self.detectors = detectors
+        self.per_step: dict[str, list[torch.Tensor]] = {d.name: [] for d in detectors}
+        self.needs_phi = any(d.needs_phi for d in detectors)
+        self.phi_ok: list[torch.Tensor] = []
+        self.spans = {d.name: trial.span(d.span) for d in detectors}
+        self.prompt_vals: dict[str, dict[int, torch.Tensor]] = {
+            d.name: {} for d in detectors if d.prompt_window}
+
+    def on_step(self, step: DecodeStep) -> None:
+        if self.needs_phi:
+            self.phi_ok.append(torch.isfinite(step.phi).all())
+        for d in self.detectors:
+            if d.steps == "prompt" and step.t > 0:  # prompt-only: step 0 is position N-1
+                continue
+            self.per_step[d.name].append(d.step_value(step, self.spans[d.name]))
+
+    def on_prompt_rows(self, layer: int, rows: torch.Tensor) -> None:
+        for d in self.detectors:
+            if d.prompt_window:
+                self.prompt_vals[d.name][layer] = d.prompt_value(rows, self.spans[d.name])
 
 
 def run_trial(
@@ -179,45 +214,50 @@ def run_trial(
     name it read (``"needle"``/``"answer"``, :meth:`Trial.span`); ``needle_span`` and
     ``answer_span`` are the trial's spans.
     """
-    per_step: dict[str, list[torch.Tensor]] = {d.name: [] for d in detectors}
-    needs_phi = any(d.needs_phi for d in detectors)
-    phi_ok: list[torch.Tensor] = []  # per-step finiteness of phi, read once at the end
-    spans = {d.name: trial.span(d.span) for d in detectors}  # each method's own span
+    col = _Collector(trial, detectors)
     window = max((d.prompt_window for d in detectors), default=0)
-    prompt_vals: dict[str, dict[int, torch.Tensor]] = {
-        d.name: {} for d in detectors if d.prompt_window}
-
-    def on_step(step: DecodeStep) -> None:
-        if needs_phi:
-            phi_ok.append(torch.isfinite(step.phi).all())
-        for d in detectors:
-            if d.steps == "prompt" and step.t > 0:  # prompt-only: step 0 is position N-1
-                continue
-            per_step[d.name].append(d.step_value(step, spans[d.name]))  # on the device
-
-    def on_prompt_rows(layer: int, rows: torch.Tensor) -> None:
-        for d in detectors:
-            if d.prompt_window:
-                prompt_vals[d.name][layer] = d.prompt_value(rows, spans[d.name])
 
     try:
         result = greedy_decode(
-            model, trial.tokens, max_new_tokens=max_new_tokens, on_step=on_step,
+            model, trial.tokens, max_new_tokens=max_new_tokens, on_step=col.on_step,
             directions=directions, prefill_mode=prefill_mode, chunk_size=chunk_size,
             stop_rule=stop_rule, thinking=thinking, prompt_window=window,
-            on_prompt_rows=on_prompt_rows if window else None, decode_engine=decode_engine,
+            on_prompt_rows=col.on_prompt_rows if window else None,
+            decode_engine=decode_engine,
         )
-        # one transfer per trial: every detector's per-step values and phi's finiteness
-        host = _to_host(per_step, prompt_vals, phi_ok)
-        ok = host.pop("__phi_ok__", None)
-        if ok is not None and not bool(ok.all()):
-            bad = int((~ok).nonzero()[0])
-            raise NonFiniteError(f"decoding step {bad}: phi holds NaN or inf")
     except NonFiniteError as exc:
-        rec = non_finite_record(trial, str(exc))
-        rec["dropped_by"] = {d.name: "non_finite" for d in detectors}
-        rec["spans"] = {d.name: d.span for d in detectors}
-        return rec
+        return non_finite_record(trial, str(exc), detectors)
+    return trial_record(model, trial, detectors, result, col, gate_threshold)
+
+
+def trial_record(
+    model: Any,
+    trial: Trial,
+    detectors: Sequence[Detector],
+    result: DecodeResult,
+    col: _Collector,
+    gate_threshold: float = GATE_THRESHOLD,
+) -> dict[str, Any]:
+    """A decoded trial's record (fields of :func:`run_trial`), from its decode result
+    and the detector values gathered on the device while decoding.
+
+    Args:
+        result: the trial's :class:`locos_tl.decode.DecodeResult`.
+        col: the detector values gathered while decoding (``col.on_step``,
+            ``col.on_prompt_rows``).
+        gate_threshold: ROUGE-1 recall gate (strictly above it passes).
+
+    Returns:
+        The record; a ``"non_finite"`` record (:func:`non_finite_record`) when a step's
+        phi holds NaN or inf. Detector values move to the host in one transfer.
+    """
+    host = _to_host(col.per_step, col.prompt_vals, col.phi_ok)  # one transfer per trial
+    ok = host.pop("__phi_ok__", None)
+    if ok is not None and not bool(ok.all()):
+        bad = int((~ok).nonzero()[0])
+        return non_finite_record(
+            trial, str(NonFiniteError(f"decoding step {bad}: phi holds NaN or inf")),
+            detectors)
     recall = rouge1_recall(result.text, trial.answer)
     steps = answer_steps(model.tokenizer, result.generated, trial.answer,
                          start=result.response_start)

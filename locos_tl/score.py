@@ -57,7 +57,7 @@ def score_trials(
     model: Any,
     trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
     *,
-    method: str = "locos",
+    method: str | None = None,
     methods: Sequence[str] | None = None,
     variant: str = "raw",
     max_new_tokens: int = 50,
@@ -97,7 +97,8 @@ def score_trials(
     Args:
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
-        method: one method name (ignored when ``methods`` is given).
+        method: one method name (default ``"locos"``); give either ``method`` or
+            ``methods``, not both.
         methods: method names sharing one decode pass (one name as a string is one
             method); then a ``{method: HeadScores}``
             dict is returned (also for a single name).
@@ -148,8 +149,8 @@ def score_trials(
         ``RuntimeWarning`` gives the drop counts and rankings refuse.
 
     Raises:
-        ValueError: unknown method, variant or span, or a span override for a method
-            that is not scored.
+        ValueError: unknown method, variant or span, a span override for a method
+            that is not scored, or both ``method`` and ``methods`` given.
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
             non-Trial; a trial does not fit the model (checked before any decoding).
         LocosError: ``out_dir`` holds a run made with other settings or over another
@@ -172,6 +173,11 @@ def score_trials(
     trials = as_trial_list(trials, "score_trials")
     if isinstance(methods, str):  # one name, as methods=[name] (a dict is returned)
         methods = [methods]
+    if method is not None and methods is not None:
+        raise ValueError(f"give method or methods, not both (method={method!r}, methods="
+                         f"{list(methods)!r}): methods=[...] scores every name in it")
+    if method is None:
+        method = "locos"
     if not isinstance(method, str):
         raise ValueError(f"method must be one method name, got {method!r}; pass several "
                          "as methods=[...]")

@@ -13,6 +13,15 @@ from typing import Any
 import torch
 
 ARCHS = ("qwen3", "gemma3", "olmo2", "llama")
+#: per architecture, :func:`make_tiny_checkpoint` overrides giving sliding windows
+#: shorter than a test prompt (Qwen3: one sliding layer of window 8; Gemma-3: window 8;
+#: OLMo-2 and Llama have none); the tests' shared ``windowed`` fixture.
+SHORT_WINDOWS: dict[str, dict[str, Any]] = {
+    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
+    "gemma3": dict(sliding_window=8),
+    "olmo2": {},
+    "llama": {},
+}
 
 _CORPUS = (
     "Actually, Yuki lives next to the Semper Opera House. Which character has been to "

@@ -43,6 +43,30 @@ def tiny_models(tiny_dirs):
 
 
 @pytest.fixture(scope="session")
+def windowed(tmp_path_factory):
+    """``get(arch, dtype="float32")``: the bridge of a tiny checkpoint (seed 3) whose
+    sliding windows are shorter than the tests' prompts
+    (:data:`locos_tl.tiny.SHORT_WINDOWS`), built once per session, loaded once per
+    ``(arch, dtype)``."""
+    from locos_tl import load_model
+    from locos_tl.tiny import SHORT_WINDOWS, byte_bpe_tokenizer, make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("windowed")
+    tok = byte_bpe_tokenizer()
+    cache: dict[tuple[str, str], object] = {}
+
+    def get(arch: str, dtype: str = "float32"):
+        if (arch, dtype) not in cache:
+            d = root / arch
+            if not d.exists():
+                make_tiny_checkpoint(arch, d, seed=3, tokenizer=tok, **SHORT_WINDOWS[arch])
+            cache[arch, dtype] = load_model(d, device="cpu", dtype=dtype)
+        return cache[arch, dtype]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def qwen3(tiny_models):
     return tiny_models("qwen3")
 

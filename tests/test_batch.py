@@ -18,38 +18,16 @@ import warnings
 import pytest
 import torch
 
-from locos_tl import Trial, load_model
+from locos_tl import Trial
 from locos_tl.batch import batch_fallback_reason, run_trials_batched
 from locos_tl.decode import greedy_decode
 from locos_tl.detectors import DETECTORS, get_detector
 from locos_tl.runner import run_trial
-from locos_tl.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
+from locos_tl.tiny import SHORT_WINDOWS
 from locos_tl.unembed import AnswerDirections
 
-SHORT_WINDOWS = {  # as tests/test_twin.py's `windowed` fixture
-    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
-    "gemma3": dict(sliding_window=8),
-    "olmo2": {},
-    "llama": {},
-}
 NEW = 10
 LENGTHS = (5, 12, 25, 40, 31, 18, 55, 23)
-
-
-@pytest.fixture(scope="module")
-def windowed(tmp_path_factory):
-    root = tmp_path_factory.mktemp("batch")
-    tok = byte_bpe_tokenizer()
-    cache: dict[str, object] = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            d = make_tiny_checkpoint(arch, root / arch, seed=3, tokenizer=tok,
-                                     **SHORT_WINDOWS[arch])
-            cache[arch] = load_model(d, device="cpu")
-        return cache[arch]
-
-    return get
 
 
 def mixed_trials(model) -> list[Trial]:

@@ -18,38 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from locos_tl import Trial, load_model
+from locos_tl import Trial
 from locos_tl.decode import DecodeStep, engine_paths, greedy_decode, step_engine
 from locos_tl.detectors import DETECTORS, get_detector
 from locos_tl.score import score_trials
-from locos_tl.tiny import make_tiny_checkpoint
+from locos_tl.tiny import SHORT_WINDOWS
 from locos_tl.unembed import AnswerDirections
 
-SHORT_WINDOWS = {
-    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
-    "gemma3": dict(sliding_window=8),
-    "olmo2": {},
-    "llama": {},
-}
 N_PROMPT = 40
-
-
-@pytest.fixture(scope="module")
-def windowed(tmp_path_factory):
-    from locos_tl.tiny import byte_bpe_tokenizer
-
-    root = tmp_path_factory.mktemp("fastdecode")
-    tok = byte_bpe_tokenizer()
-    cache: dict[str, object] = {}
-
-    def get(arch: str):
-        if arch not in cache:
-            d = make_tiny_checkpoint(arch, root / arch, seed=3, tokenizer=tok,
-                                     **SHORT_WINDOWS[arch])
-            cache[arch] = load_model(d, device="cpu", dtype="float32")
-        return cache[arch]
-
-    return get
 
 
 def _prompt(model, seed: int) -> list[int]:

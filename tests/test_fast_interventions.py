@@ -15,38 +15,26 @@ from __future__ import annotations
 import pytest
 import torch
 
-from locos_tl import Trial, load_model
+from locos_tl import Trial
 from locos_tl.ablation import ABLATION_MODES, ablate, calibrate_means
 from locos_tl.decode import greedy_decode, prefill
 from locos_tl.interventions import engine, fast_path_ok, hooks_reproducible, intervene
 from locos_tl.patching import cri_trial
-from locos_tl.tiny import make_tiny_checkpoint
+from locos_tl.tiny import SHORT_WINDOWS
 from locos_tl.twin import sdpa_twin
 
-SHORT_WINDOWS = {
-    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
-    "gemma3": dict(sliding_window=8),
-    "olmo2": {},
-    "llama": {},
-}
 HEADS = [(0, 1), (1, 0), (1, 3)]  # two heads in layer 1 (both kv groups), one in layer 0
 PROMPT = torch.randint(1, 380, (1, 40), generator=torch.Generator().manual_seed(5))
 
 
 @pytest.fixture(scope="module")
-def windowed(tmp_path_factory):
-    """``(bridge, calibration means)`` of a tiny float32 checkpoint per architecture."""
-    from locos_tl.tiny import byte_bpe_tokenizer
-
-    root = tmp_path_factory.mktemp("fastint")
-    tok = byte_bpe_tokenizer()
+def with_means(windowed):
+    """``(bridge, calibration means)`` of the shared ``windowed`` float32 checkpoint."""
     cache: dict[str, tuple] = {}
 
     def get(arch: str):
         if arch not in cache:
-            d = make_tiny_checkpoint(arch, root / arch, seed=3, tokenizer=tok,
-                                     **SHORT_WINDOWS[arch])
-            model = load_model(d, device="cpu", dtype="float32")
+            model = windowed(arch)
             means = calibrate_means(model, [PROMPT[0, :30].tolist(), list(range(7, 50))])
             cache[arch] = (model, means)
         return cache[arch]
@@ -83,8 +71,8 @@ def _twin_hooks(model) -> set[tuple[str, int]]:
 
 @pytest.mark.parametrize("mode", ABLATION_MODES)
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
-def test_ablated_forward_on_twin_equals_bridge(windowed, arch, mode):
-    model, means = windowed(arch)
+def test_ablated_forward_on_twin_equals_bridge(with_means, arch, mode):
+    model, means = with_means(arch)
     twin = sdpa_twin(model)
     with torch.no_grad():
         clean = twin(PROMPT).logits[0]
@@ -101,8 +89,8 @@ def test_ablated_forward_on_twin_equals_bridge(windowed, arch, mode):
 
 @pytest.mark.parametrize("mode", ABLATION_MODES)
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
-def test_ablated_greedy_decode_on_twin_equals_bridge(windowed, arch, mode):
-    model, means = windowed(arch)
+def test_ablated_greedy_decode_on_twin_equals_bridge(with_means, arch, mode):
+    model, means = with_means(arch)
     kw = dict(max_new_tokens=6, stop_at_newline=False, stop_at_eos=False)
     runs = {}
     for prefill_mode in ("auto", "bridge"):  # steps with a callback: through the bridge
@@ -128,8 +116,8 @@ def test_ablated_greedy_decode_on_twin_equals_bridge(windowed, arch, mode):
 
 
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
-def test_patched_cri_on_twin_equals_bridge(windowed, arch):
-    model, _ = windowed(arch)
+def test_patched_cri_on_twin_equals_bridge(with_means, arch):
+    model, _ = with_means(arch)
     before = _twin_hooks(model)
     # the needle within reach of the last position through Gemma's 8-token windows
     trial = Trial(tokens=PROMPT[0].tolist(), needle_span=(24, 30), answer="Yuki")
@@ -154,8 +142,8 @@ def test_patched_cri_on_twin_equals_bridge(windowed, arch):
     assert _twin_hooks(model) == before
 
 
-def test_user_hook_forces_the_bridge_and_still_fires(windowed):
-    model, means = windowed("qwen3")
+def test_user_hook_forces_the_bridge_and_still_fires(with_means):
+    model, means = with_means("qwen3")
     ids = PROMPT[:, :-1]
     calls: list[str] = []
 
@@ -181,16 +169,16 @@ def test_user_hook_forces_the_bridge_and_still_fires(windowed):
     assert (got.layers[1].keys - base.layers[1].keys).abs().max() > 1e-3
 
 
-def test_hook_without_twin_equivalent_warns_and_uses_the_bridge(windowed):
-    model, _ = windowed("llama")
+def test_hook_without_twin_equivalent_warns_and_uses_the_bridge(with_means):
+    model, _ = with_means("llama")
     with pytest.warns(RuntimeWarning, match="no module-hook equivalent"):
         with intervene(model, [("blocks.0.hook_resid_pre", _noop)]) as eng:
             assert eng == "bridge" == engine(model)
     assert engine(model) == "twin"
 
 
-def test_hooks_removed_on_exception(windowed):
-    model, means = windowed("olmo2")
+def test_hooks_removed_on_exception(with_means):
+    model, means = with_means("olmo2")
     with torch.no_grad():
         sdpa_twin(model)(PROMPT[:, :4])  # transformers installs its own hooks on first use
     before = _twin_hooks(model)
@@ -205,8 +193,8 @@ def test_hooks_removed_on_exception(windowed):
 
 
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
-def test_calibration_means_on_twin_equal_bridge(windowed, arch):
-    model, _ = windowed(arch)
+def test_calibration_means_on_twin_equal_bridge(with_means, arch):
+    model, _ = with_means(arch)
     prompts = [PROMPT[0].tolist(), list(range(3, 30))]
     with _Calls(model) as calls:
         fast = calibrate_means(model, prompts, chunk_size=16)

@@ -13,35 +13,8 @@ import weakref
 import pytest
 import torch
 
-from locos_tl import load_model
-from locos_tl.tiny import make_tiny_checkpoint
+from locos_tl.tiny import SHORT_WINDOWS
 from locos_tl.twin import build_twin, twin_info
-
-SHORT_WINDOWS = {
-    "qwen3": dict(use_sliding_window=True, sliding_window=8, max_window_layers=1),
-    "gemma3": dict(sliding_window=8),
-    "olmo2": {},
-    "llama": {},
-}
-
-
-@pytest.fixture(scope="module")
-def windowed(tmp_path_factory):
-    from locos_tl.tiny import byte_bpe_tokenizer
-
-    root = tmp_path_factory.mktemp("twin")
-    tok = byte_bpe_tokenizer()
-    cache: dict[tuple[str, str], object] = {}
-
-    def get(arch: str, dtype: str = "float32"):
-        if (arch, dtype) not in cache:
-            d = root / arch
-            if not d.exists():
-                make_tiny_checkpoint(arch, d, seed=3, tokenizer=tok, **SHORT_WINDOWS[arch])
-            cache[arch, dtype] = load_model(d, device="cpu", dtype=dtype)
-        return cache[arch, dtype]
-
-    return get
 
 
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
@@ -52,7 +25,8 @@ def test_twin_prefill_equals_bridge_prefill(windowed, arch):
     info = twin_info(model)
     assert info.path == "sdpa_twin", info.reason
     cfg = model.original_model.config
-    ids = torch.randint(1, int(model.cfg.d_vocab), (1, 40), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(1, int(model.cfg.d_vocab), (1, 40),
+                        generator=torch.Generator().manual_seed(0))
     c_twin, c_bridge = DynamicCache(config=cfg), DynamicCache(config=cfg)
     with torch.no_grad():
         a = info.twin(ids, past_key_values=c_twin, use_cache=True).logits[0, -1]

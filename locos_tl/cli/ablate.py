@@ -99,6 +99,73 @@ def load_head_sets(dirs: list[str]) -> dict[str, Any]:
     return out
 
 
+def checkpoint_dims(model: str) -> tuple[int, int] | None:
+    """``(n_layers, n_heads)`` of a local checkpoint, read from its ``config.json``
+    (HF names ``num_hidden_layers`` / ``num_attention_heads``, also under
+    ``text_config``) without loading the model; None for a hub name or no such keys."""
+    path = Path(model) / "config.json"
+    if not path.is_file():
+        return None
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    for c in (cfg, cfg.get("text_config") or {}):
+        n_layers, n_heads = c.get("num_hidden_layers"), c.get("num_attention_heads")
+        if isinstance(n_layers, int) and isinstance(n_heads, int):
+            return n_layers, n_heads
+    return None
+
+
+def check_head_sets(head_sets: dict[str, Any], k: list[int] | None,
+                    dims: tuple[int, int] | None) -> None:
+    """Refuse, before the model loads, a ranking that is no result (no accepted trial,
+    or every score 0: its top-k would be index order), and, when the checkpoint's
+    ``dims`` are known, heads or ``--k`` values outside the model.
+
+    Raises:
+        LocosError: one of those, naming the head set and the way out.
+    """
+    from locos_tl.head_spec import parse_heads, parse_ks
+
+    for name, hs in head_sets.items():
+        if hasattr(hs, "scores"):
+            if hs.n_trials == 0:
+                raise LocosError(f"head set {name!r} has no accepted trial: its ranking is "
+                                 "all NaN")
+            if hs.all_zero:
+                raise LocosError(
+                    f"head set {name!r}: every {hs.method} score is 0, so its top-k would "
+                    "be the heads' index order (L0H0, L0H1, ...), not a ranking; check that "
+                    f"run, or give the heads to ablate explicitly as --heads {name}=L0H0,...")
+            if dims is not None and (hs.n_layers, hs.n_heads) != dims:
+                raise LocosError(f"head set {name!r} scores {hs.n_layers} layers x "
+                                 f"{hs.n_heads} heads; the model has {dims[0]} x {dims[1]}")
+        elif dims is not None:
+            parse_heads(hs, n_layers=dims[0], n_heads=dims[1], what=f"--heads {name}")
+    if k is not None and dims is not None:
+        parse_ks(k, n_total=dims[0] * dims[1], what="--k")
+
+
+def check_resume(out: Path, trials: list[Any], settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The settings recorded in the run directory ``out`` (None: no run there yet),
+    after refusing a run over another trial set or with other ``settings``, before
+    anything is written (the rule of :class:`locos_tl.records.RecordStore`).
+
+    Raises:
+        LocosError: ``out`` holds a run over another trial set or with other settings.
+    """
+    from locos_tl.records import META_FILE, RECORDS_FILE, RecordStore
+    from locos_tl.trials import trial_set_hash
+
+    if not ((out / META_FILE).exists() and (out / RECORDS_FILE).exists()):
+        return None
+    old = json.loads((out / META_FILE).read_text()).get("settings", {})
+    new = dict(settings, n_trials=len(trials), trial_set_hash=trial_set_hash(trials))
+    RecordStore(out, new, list(settings))  # raises on a mismatch; reads only
+    return old
+
+
 @app.command(short_help="Mean query and output of every head, for mean ablation.")
 def calibrate(
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
@@ -183,8 +250,8 @@ def ablate(
     """Ablate each ranking's top-k heads and score the answers (docs/concepts.md)."""
     from locos_tl.ablation import ABLATION_MODES, AblationMeans, calibrate_means
     from locos_tl.decode import STOP_RULES
-    from locos_tl.evaluate import evaluate, summarize
-    from locos_tl.models import load_model
+    from locos_tl.evaluate import evaluate, means_hash, summarize
+    from locos_tl.models import load_model, model_name
     from locos_tl.plot import ablation_curves
     from locos_tl.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
     from locos_tl.trials import load_trials
@@ -204,6 +271,7 @@ def ablate(
 
             require_ray()  # fail before loading anything
         head_sets = load_head_sets(heads)
+        check_head_sets(head_sets, k_values, checkpoint_dims(model))  # before the load
         if bottom not in ("auto", "none"):  # a head-score entry, not a head list
             check_choice(bottom, ["auto", "none", *(n for n, v in head_sets.items()
                                                     if hasattr(v, "scores"))], "--bottom")
@@ -216,17 +284,47 @@ def ablate(
                                  n_ctx=getattr(bridge.cfg, "n_ctx", None))
         control_list = None if control is None else load_trials(
             control, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
+        if control_list is not None and control_max_new_tokens is None:
+            echo = all((t.meta or {}).get("control") == "echo" for t in control_list)
+            control_max_new_tokens = 1 if echo else max_new_tokens
+        # a run directory over other trials or settings is refused before anything in it
+        # is touched (means.safetensors included)
+        run_settings = {"model": model_name(bridge), "mode": mode,
+                        "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
+                        "stop_rule": stop_rule, "thinking": thinking}
+        old = check_resume(out, trial_list, run_settings)
+        if control_list is not None:
+            check_resume(out / "control", control_list,
+                         dict(run_settings, max_new_tokens=control_max_new_tokens))
+        if mean_table is not None and old is not None \
+                and old.get("means_hash") not in (None, means_hash(mean_table)):
+            raise LocosError(f"{out} holds a run made with other calibration means "
+                             f"(means hash {old['means_hash']}, not {means_hash(mean_table)}); "
+                             "use a new --out directory, or the run's means.safetensors")
         with resumable(out, ctx):
             if mode.endswith("_mean") and mean_table is None:
-                if calib_texts is not None:
-                    texts: list[Any] = list(calib_texts)
+                stored = out / "means.safetensors"
+                if old is not None and calib_texts is None and stored.exists() \
+                        and means_hash(AblationMeans.load(stored)) == old.get("means_hash"):
+                    mean_table = AblationMeans.load(stored)  # the resumed run's own means
+                    typer.secho(f"reusing {stored} (the run's calibration means)",
+                                err=True, fg=typer.colors.CYAN)
                 else:
-                    typer.secho("no --means/--calibration: calibrating on the trials' "
-                                "prompts", fg=typer.colors.YELLOW, err=True)
-                    texts = [list(t.tokens) for t in trial_list[:50]]
-                mean_table = calibrate_means(bridge, texts, progress=True)
-                out.mkdir(parents=True, exist_ok=True)
-                mean_table.save(out / "means.safetensors")
+                    if calib_texts is not None:
+                        texts: list[Any] = list(calib_texts)
+                    else:
+                        typer.secho("no --means/--calibration: calibrating on the trials' "
+                                    "prompts", fg=typer.colors.YELLOW, err=True)
+                        texts = [list(t.tokens) for t in trial_list[:50]]
+                    mean_table = calibrate_means(bridge, texts, progress=True)
+                    if old is not None and old.get("means_hash") not in (
+                            None, means_hash(mean_table)):
+                        raise LocosError(
+                            f"{out} holds a run made with other calibration means (means "
+                            f"hash {old['means_hash']}, not {means_hash(mean_table)}); use "
+                            "a new --out directory")
+                    out.mkdir(parents=True, exist_ok=True)
+                    mean_table.save(stored)
             note_resume(out, len(stored_records(out)), what="generations")
             df = evaluate(bridge, trial_list, head_sets, k=k_values, mode=mode,
                           means=mean_table, seeds=seed_values, random=random,
@@ -248,6 +346,13 @@ def ablate(
                 ds = write_dissociation(out, df, df_control, control=control,
                                         retrieval_metric=r_metric,
                                         control_metric=control_metric)
+                p0 = ds["P0"].iloc[0] if len(ds) else float("nan")
+                if not p0 > 0:
+                    typer.secho(f"warning: the control's unablated score P0 = {p0} "
+                                f"({control_metric}): DS(k) divides by P0, so it is "
+                                "undefined (NaN); choose control trials the model answers "
+                                "(or another --control-metric)", err=True,
+                                fg=typer.colors.YELLOW)
     except (LocosError, ValueError, FileNotFoundError) as exc:
         fail(exc)
     write_figure(ablation_curves(df, title=f"Ablation ({mode}) of the top-k heads"),

@@ -48,7 +48,7 @@ def ranking_table(results: dict[str, Any], roles: dict[tuple[int, int], str],
     cols: dict[str, list[Any]] = {"rank": list(range(1, k + 1))}
     for method, hs in results.items():
         try:
-            top = hs.top_k(k)
+            top = [] if hs.all_zero else hs.top_k(k)  # all 0: no ranking
         except LocosError:  # no accepted trial: nothing to rank
             top = []
         head, score, role = [], [], []
@@ -140,7 +140,7 @@ def demo(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/demo"),
     model: Annotated[str | None, typer.Option(help="Organism directory (default: the "
                                                    "shipped one).")] = None,
-    n_trials: Annotated[int, typer.Option(help="Trials per task and filler.")] = 40,
+    n_trials: Annotated[int, typer.Option(help="Trials per task and filler.", min=1)] = 40,
     book: Annotated[Path | None, typer.Option(help="Book text file or directory used as "
                                                    "real filler (default: "
                                                    "../shared/data/haystack).")] = None,

@@ -1,0 +1,189 @@
+"""Fixes from a new-user trial of the CLI and the Python API, on the shipped organism
+``data/organisms/retrieval-2l`` (2 layers x 8 heads): a run directory over other trials
+is refused before anything in it changes; an all-zero ranking is no result; the echo
+control's budget; head and ``--k`` checks before the model loads; option ranges."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import warnings
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from locos_tl import HeadScores, save_trials
+from locos_tl.cli import app
+from locos_tl.organisms import DEFAULT_ORGANISM, make_echo_trials, make_trials
+
+runner = CliRunner()
+ABLATE = ["--heads", "w=L1H0", "--k", "1", "--no-random", "--bottom", "none",
+          "--max-new-tokens", "2"]
+
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """Any model load fails the test: the command must refuse before loading."""
+    import locos_tl.models
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+
+
+def _ablate(trials: Path, out: Path, *extra: str):
+    return runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(trials),
+                               "--out", str(out), *ABLATE, *extra])
+
+
+# -- 1. resuming ------------------------------------------------------------------------------
+def test_ablate_refuses_other_trials_before_touching_the_run_and_reuses_its_means(
+        tmp_path, monkeypatch):
+    a = save_trials(make_trials("nonliteral", 3, 64, seed=1), tmp_path / "a.jsonl")
+    b = save_trials(make_trials("nonliteral", 3, 64, seed=2), tmp_path / "b.jsonl")
+    out = tmp_path / "a1"
+    res = _ablate(a, out)
+    assert res.exit_code == 0, res.output
+    means = out / "means.safetensors"
+    # same permissions as the run's other files (umask), not safetensors' 0600
+    assert means.stat().st_mode & 0o777 == (out / "meta.json").stat().st_mode & 0o777
+    assert means.stat().st_mode & 0o777 == 0o666 & ~_umask()
+    before = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()}
+    first = pd.read_csv(out / "evaluation.csv")
+
+    res = _ablate(b, out)  # another trial set: refused, nothing rewritten, no "resuming"
+    assert res.exit_code == 2, res.output
+    assert "another trial set" in res.output and "resuming" not in res.output
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
+
+    import locos_tl.ablation
+
+    def no_calibration(*args, **kwargs):
+        raise AssertionError("a resumed run recalibrated instead of reusing its means")
+
+    monkeypatch.setattr(locos_tl.ablation, "calibrate_means", no_calibration)
+    res = _ablate(a, out)  # a legitimate resume reuses means.safetensors
+    assert res.exit_code == 0, res.output
+    assert "reusing" in res.output and "skipping 6 finished generations" in res.output
+    assert means.read_bytes() == before["means.safetensors"][0]
+    pd.testing.assert_frame_equal(pd.read_csv(out / "evaluation.csv"), first)
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+# -- 2. all-zero rankings ---------------------------------------------------------------------
+def test_rankings_of_all_zero_scores_warn():
+    zero = HeadScores("wu", torch.zeros(3, 2, 4))
+    for call, expected in [(lambda: zero.top_k(3), [(0, 0), (0, 1), (0, 2)]),
+                           (lambda: zero.bottom_k(2), [(0, 0), (0, 1)]),
+                           (lambda: zero.ranked()[:2], [(0, 0), (0, 1)])]:
+        with pytest.warns(RuntimeWarning, match="every score is 0: the ranking is index order"):
+            assert call() == expected
+    per_trial = torch.zeros(3, 2, 4)
+    per_trial[:, 1, 2] = 1.0  # one real score: a ranking, no warning
+    hs = HeadScores("wu", per_trial)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hs.top_k(1) == [(1, 2)]
+        assert not hs.all_zero
+
+
+def test_ablate_refuses_an_all_zero_head_set_before_loading(tmp_path, no_model_load):
+    HeadScores("wu", torch.zeros(3, 2, 8)).save(tmp_path / "wu")
+    a = save_trials(make_trials("nonliteral", 2, 64, seed=1), tmp_path / "a.jsonl")
+    res = runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(a),
+                              "--out", str(tmp_path / "run"), "--heads", str(tmp_path / "wu"),
+                              "--k", "1"])
+    assert res.exit_code == 2, res.output
+    assert "every wu score is 0" in res.output and "--heads wu=L0H0" in res.output
+    assert not (tmp_path / "run").exists()
+
+
+# -- 3. echo control --------------------------------------------------------------------------
+def test_echo_control_budget_is_one_token_and_p0_zero_warns(tmp_path):
+    a = save_trials(make_trials("nonliteral", 2, 64, seed=1), tmp_path / "a.jsonl")
+    echo = make_echo_trials(3, seed=0, top=50)
+    # rotate the answers: the organism echoes its word, so no answer matches and P0 = 0
+    wrong = [dataclasses.replace(t, answer=echo[(i + 1) % 3].answer)
+             for i, t in enumerate(echo)]
+    assert all(t.meta.get("control") == "echo" for t in wrong)
+    c = save_trials(wrong, tmp_path / "echo.jsonl")
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(a),
+                              "--out", str(out), "--control", str(c), "--heads", "w=L1H0",
+                              "--k", "1", "--no-random", "--bottom", "none", "--mode",
+                              "output_zero", "--max-new-tokens", "4"])
+    assert res.exit_code == 0, res.output
+    control_meta = json.loads((out / "control" / "meta.json").read_text())
+    assert control_meta["settings"]["max_new_tokens"] == 1
+    assert json.loads((out / "meta.json").read_text())["settings"]["max_new_tokens"] == 4
+    ds = pd.read_csv(out / "dissociation.csv")
+    assert (ds["P0"] == 0).all() and ds["ds"].isna().all()
+    assert "P0 = 0.0" in res.output and "undefined" in res.output
+
+
+# -- 4. head and k checks before the model loads ----------------------------------------------
+@pytest.mark.parametrize("extra, message", [
+    (["--heads", "w=L2H0", "--k", "1"], r"head \(2, 0\) is outside the model's 2 layers x 8 heads"),
+    (["--heads", "w=L1H8", "--k", "1"], r"head \(1, 8\) is outside the model's 2 layers x 8 heads"),
+    (["--heads", "w=L1H0", "--k", "17"], r"--k = 17 is more heads than the model has.*1\.\.16"),
+])
+def test_ablate_checks_heads_and_k_against_the_checkpoint_before_loading(
+        tmp_path, no_model_load, extra, message):
+    import re
+
+    a = save_trials(make_trials("nonliteral", 2, 64, seed=1), tmp_path / "a.jsonl")
+    out = tmp_path / "run"
+    res = runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(a),
+                              "--out", str(out), *extra])
+    assert res.exit_code == 2, res.output
+    assert re.search(message, res.output), res.output
+    assert not out.exists()
+
+
+def test_checkpoint_dims_read_the_config():
+    from locos_tl.cli.ablate import checkpoint_dims
+
+    cfg = json.loads((Path(DEFAULT_ORGANISM) / "config.json").read_text())
+    assert checkpoint_dims(DEFAULT_ORGANISM) == (cfg["num_hidden_layers"],
+                                                 cfg["num_attention_heads"]) == (2, 8)
+    assert checkpoint_dims("Qwen/Qwen3-8B") is None  # a hub name: checked after the load
+
+
+# -- 5. demo range ----------------------------------------------------------------------------
+def test_demo_refuses_zero_trials(tmp_path):
+    res = runner.invoke(app, ["demo", "--n-trials", "0", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 2, res.output
+    assert "Invalid value for '--n-trials'" in res.output
+    assert not (tmp_path / "d").exists()
+
+
+# -- 6. score_trials(method=..., methods=...) -------------------------------------------------
+def test_score_trials_refuses_method_and_methods_together():
+    from locos_tl import score_trials
+
+    trials = make_trials("nonliteral", 1, 64, seed=1)
+    with pytest.raises(ValueError, match="give method or methods, not both"):
+        score_trials(None, trials, method="locos", methods=["wu"])
+
+
+# -- 7. a method folder that is no method -----------------------------------------------------
+def test_heads_with_an_unknown_method_lists_the_methods(tmp_path):
+    from locos_tl.detectors import DETECTORS
+    from locos_tl.errors import LocosError
+    from locos_tl.rundir import _choose
+
+    with pytest.raises(LocosError) as exc:
+        _choose(tmp_path / "s1", ["locos", "wu"], "nosuch")
+    msg = str(exc.value)
+    assert "'nosuch' is no method" in msg and "--method nosuch" not in msg
+    assert all(m in msg for m in DETECTORS)
