@@ -48,7 +48,7 @@ from locos_tl.decode import prefill
 from locos_tl.errors import TrialError
 from locos_tl.head_spec import HeadLike, as_int, parse_heads
 from locos_tl.heads import Head
-from locos_tl.interventions import intervene
+from locos_tl.interventions import intervene, is_shared_q_norm
 from locos_tl.tokenize import BosPolicy
 
 AblationMode = Literal["query_mean", "query_zero", "output_mean", "output_zero"]
@@ -247,16 +247,6 @@ def check_mode(mode: str) -> AblationMode:
     return mode  # type: ignore[return-value]
 
 
-def check_heads(model: Any, heads: Sequence[HeadLike]) -> list[Head]:
-    """``heads`` as ``(layer, head)`` int pairs (:func:`locos_tl.head_spec.parse_heads`).
-
-    Raises:
-        HeadSpecError: (a ``ValueError``) a malformed head or one outside the model's
-            layers x heads; the message names the accepted forms.
-    """
-    return parse_heads(heads, model)
-
-
 def shared_q_norm(model: Any, layer: int) -> torch.nn.Module | None:
     """The checkpoint's ``q_norm`` of ``layer`` when it normalises all heads together.
 
@@ -280,9 +270,7 @@ def shared_q_norm(model: Any, layer: int) -> torch.nn.Module | None:
     phase = getattr(attn, "_qk_norm_phase", None)
     if phase is not None:
         return norm if phase == "pre_reshape" else None
-    weight = getattr(norm, "weight", None)
-    H, d = int(model.cfg.n_heads), int(model.cfg.d_head)
-    shared = isinstance(weight, Tensor) and tuple(weight.shape) == (H * d,) and H > 1
+    shared = is_shared_q_norm(norm, int(model.cfg.n_heads), int(model.cfg.d_head))
     return norm if shared else None
 
 
@@ -304,7 +292,7 @@ def ablation_hooks(
             ``means`` (or with means of another shape).
     """
     mode = check_mode(mode)
-    heads = check_heads(model, heads)
+    heads = parse_heads(heads, model)
     kind, fill = mode.split("_")
     L, H, d = int(model.cfg.n_layers), int(model.cfg.n_heads), int(model.cfg.d_head)
     table = None

@@ -57,11 +57,12 @@ from locos_tl.decode import (
     _sliding_layers,
     _StopRules,
     _StopState,
+    _TwinScales,
     check_stop_rule,
     prefill_with_rows,
 )
 from locos_tl.detectors import Detector
-from locos_tl.errors import LocosError, TrialError
+from locos_tl.errors import TrialError
 from locos_tl.runner import _Collector, non_finite_record, run_trial, trial_record
 from locos_tl.trials import Trial
 from locos_tl.unembed import AnswerDirections
@@ -80,14 +81,14 @@ def batch_fallback_reason(
     ``decode_engine="bridge"``, or a missing SDPA/eager twin routes every trial through
     the bridge one at a time instead.
     """
-    from locos_tl.interventions import _lens_handles
+    from locos_tl.interventions import lens_hooks_attached
     from locos_tl.twin import twin_info
 
     if prefill_mode == "bridge":
         return "prefill_mode='bridge' asks for the TransformerBridge path"
     if decode_engine == "bridge":
         return "decode_engine='bridge' asks for the TransformerBridge path"
-    if any(True for _ in _lens_handles(model)):
+    if lens_hooks_attached(model):
         return "a TransformerLens hook is attached to the model (it fires only on the bridge)"
     for kind in ("sdpa", "eager"):
         with warnings.catch_warnings():
@@ -107,7 +108,7 @@ class _Row:
     ids: Tensor  # [N] prompt ids on the device
     on_step: Callable[[DecodeStep], None]
     state: _StopState  # greedy_decode's stop/thinking state
-    key_tokens: Tensor
+    keys: Tensor  # [N + max_new_tokens] key ids, as in greedy_decode: the first n_keys set
     generated: list[int] = field(default_factory=list)
     non_finite: str | None = None
 
@@ -115,51 +116,10 @@ class _Row:
     def n(self) -> int:
         return int(self.ids.shape[0])
 
-
-class _Scales:
-    """``hook_scale`` values of the norms the ``exact`` variant needs, read on the eager
-    twin by forward pre-hooks with the bridge's own formula
-    (``sqrt(mean(x^2) + eps)`` in float32, centred first for a LayerNorm)."""
-
-    def __init__(self, model: Any, twin: Any, names: Sequence[str]) -> None:
-        self.values: dict[str, Tensor] = {}
-        self.handles: list[Any] = []
-        if not names:
-            return
-        by_id = {id(m): n.replace("._original_component", "")
-                 for n, m in model.original_model.named_modules()}
-        for name in names:
-            comp = model.get_submodule(name.rsplit(".", 1)[0])  # e.g. blocks.0.ln1_post
-            orig = comp.original_component
-            path = by_id.get(id(orig))
-            if path is None:
-                raise LocosError(f"{name}: its norm module is not part of the HF model")
-            eps = getattr(orig, "eps", None)
-            if eps is None:
-                eps = getattr(orig, "variance_epsilon", None)
-            if eps is None:
-                eps = getattr(comp.config, "eps", 1e-05)
-            rms = bool(getattr(comp, "uses_rms_norm", True))
-            self.handles.append(twin.get_submodule(path).register_forward_pre_hook(
-                self._reader(name, eps, rms)))
-
-    def _reader(self, name: str, eps: Any, rms: bool) -> Callable[..., None]:
-        def read(_mod: Any, args: tuple[Any, ...]) -> None:
-            x = args[0][:, -1]  # [B, d_model], the query position
-            x = x.float() if x.dtype not in (torch.float32, torch.float64) else x
-            if not rms:
-                x = x - x.mean(-1, keepdim=True)
-            e = eps if isinstance(eps, Tensor) else float(eps)
-            self.values[name] = (x.pow(2).mean(-1) + e).sqrt()
-
-        return read
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()
-
-
-_HAS_KV = "_kv" in getattr(DecodeStep, "__dataclass_fields__", {})
+    @property
+    def n_keys(self) -> int:
+        """Key positions of the next step: the prompt plus the tokens generated so far."""
+        return self.n + len(self.generated)
 
 
 @torch.no_grad()
@@ -184,13 +144,9 @@ def _decode_batch(
     W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]
     B = len(rows)
     T = max(r.n for r in rows)
-    pad_id = 0
-    ids = torch.full((B, T), pad_id, dtype=torch.long, device=device)
-    mask = torch.zeros(B, T, dtype=torch.long, device=device)
+    mask = torch.zeros(B, T - 1, dtype=torch.long, device=device)  # the cached keys
     for b, r in enumerate(rows):
-        ids[b, T - r.n:] = r.ids
-        mask[b, T - r.n:] = 1
-    pos = (mask.cumsum(-1) - 1).clamp(min=0)  # each trial's own positions
+        mask[b, T - r.n:] = 1  # left padding is masked
     cache = _new_cache(model)
 
     # each prompt (but its last token) is prefilled alone, exactly as at batch size 1
@@ -225,11 +181,13 @@ def _decode_batch(
             layer.cumulative_length = P
     del caches
 
-    scales = _Scales(model, eager, directions.hook_names() if directions is not None else [])
+    scales = _TwinScales(model, eager,
+                         directions.hook_names() if directions is not None else [])
     try:
-        step_input = ids[:, -1:]
-        step_pos = pos[:, -1:]
-        mask = mask[:, :-1]  # the cached keys; each step appends its own column
+        # each row's last prompt token at its own position (padding is not counted);
+        # each step appends its own mask column
+        step_input = torch.stack([r.ids[-1:] for r in rows])
+        step_pos = torch.as_tensor([[r.n - 1] for r in rows], device=device)
         active = list(rows)
         # only a sliding layer's pre-step values are needed (and small); a full layer's
         # old cache is never kept alive past its update (as in greedy_decode)
@@ -257,7 +215,7 @@ def _decode_batch(
                     r.state.stopped_by = "non_finite"
                     on_done(r)
                     continue
-                n_keys = r.key_tokens.shape[0]
+                n_keys = r.n_keys
                 if stacked is not None and stacked.shape[-1] >= n_keys:  # a view, no copy
                     pattern = stacked[:, b, :, stacked.shape[-1] - n_keys:]
                 else:
@@ -267,15 +225,15 @@ def _decode_batch(
                         k = min(row.shape[-1], n_keys)
                         pattern[l, :, n_keys - k:] = row[:, row.shape[-1] - k:]
                 kv = [v[b, :, max(v.shape[-2] - n_keys, 0):] for v in vals_l]  # [n_kv, k, d]
-                extra = {"_kv": kv} if _HAS_KV else {}
                 step_thinking = rules.is_thinking(r.state, y)
                 r.on_step(DecodeStep(
-                    t=t, token=y, key_tokens=r.key_tokens, pattern=pattern,
+                    t=t, token=y, key_tokens=r.keys[:n_keys], pattern=pattern,
                     values=_PaddedValues(kv, n_keys),
                     scales={k_: v_[b] for k_, v_ in scales.values.items()}, logits=logits[b],
-                    thinking=step_thinking, _W_O=W_O, _directions=directions, **extra))
+                    thinking=step_thinking, _W_O=W_O, _directions=directions, _kv=kv))
                 r.generated.append(y)
-                r.key_tokens = torch.cat([r.key_tokens, r.key_tokens.new_tensor([y])])
+                if n_keys < r.keys.shape[0]:
+                    r.keys[n_keys] = y
                 if rules.advance(r.state, t, y, step_thinking):
                     on_done(r)
                     continue
@@ -288,7 +246,7 @@ def _decode_batch(
                 mask = mask[sel]
                 active = [active[b] for b in keep]
             step_input = torch.as_tensor([[r.generated[-1]] for r in active], device=device)
-            step_pos = torch.as_tensor([[r.key_tokens.shape[0] - 1] for r in active],
+            step_pos = torch.as_tensor([[r.n_keys - 1] for r in active],
                                        device=device)
         for r in active:
             on_done(r)
@@ -377,7 +335,8 @@ def run_trials_batched(
             prompt = torch.as_tensor(trial.tokens, dtype=torch.long, device=device)
             cols[i] = _Collector(trial, detectors)
             rows.append(_Row(index=i, trial=trial, ids=prompt, on_step=cols[i].on_step,
-                             state=rules.initial(prompt), key_tokens=prompt.clone()))
+                             state=rules.initial(prompt),
+                             keys=torch.cat([prompt, prompt.new_zeros(max_new_tokens)])))
 
         def finished(r: _Row, cols_: dict[int, _Collector] = cols) -> None:
             if r.non_finite is not None:

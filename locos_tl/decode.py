@@ -38,7 +38,7 @@ from torch import Tensor
 from locos_tl.answers import think_token_ids
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
 from locos_tl.interventions import engine as intervention_engine
-from locos_tl.interventions import hooks_reproducible
+from locos_tl.interventions import hooks_reproducible, lens_hooks_attached
 from locos_tl.kernel import phi_layer
 from locos_tl.twin import sdpa_twin, twin_info
 from locos_tl.unembed import AnswerDirections
@@ -388,18 +388,6 @@ def prefill_with_rows(
     return cache
 
 
-def _hooks_attached(model: Any) -> bool:
-    """Whether any TransformerLens forward hook is attached to ``model``."""
-    points = getattr(model, "hook_points", None)
-    return callable(points) and any(getattr(hp, "fwd_hooks", None) for hp in points())
-
-
-def _any_hook_on_bridge(model: Any) -> bool:
-    """A TransformerLens hook is attached (plain torch hooks on bridge modules are not
-    seen, as in :func:`locos_tl.interventions.hooks_reproducible`)."""
-    return _hooks_attached(model)
-
-
 @dataclass(frozen=True)
 class StepEngine:
     """Which engine runs the decode steps, and why not a faster one.
@@ -442,7 +430,7 @@ def step_engine(model: Any, decode_engine: str = "auto", *, rows: bool = True) -
         reason = info.reason or "a hook the SDPA twin cannot run is attached to the bridge"
         hooked = info.twin is not None
     else:
-        hooked = _any_hook_on_bridge(model)
+        hooked = lens_hooks_attached(model)
         info = twin_info(model, "eager") if not hooked else None
         if info is not None and info.twin is not None:
             return StepEngine("eager_twin", info.twin)
@@ -486,8 +474,9 @@ class _TwinScales:
     """Light forward pre-hooks on the twin's norms: ``hook_scale`` at the last position.
 
     The same value TransformerLens' norm bridge gives ``hook_scale`` (float32
-    ``sqrt(mean(x^2) + eps)``, ``x`` centred first for a LayerNorm), as a 0-d device
-    tensor; names are the TransformerLens hook names (``ln_final.hook_scale``,
+    ``sqrt(mean(x^2) + eps)``, ``x`` centred first for a LayerNorm), one per batch row
+    (``[B]`` device tensor; :func:`greedy_decode` and :mod:`locos_tl.batch` share it);
+    names are the TransformerLens hook names (``ln_final.hook_scale``,
     ``blocks.{l}.ln1_post.hook_scale``).
 
     Raises:
@@ -517,10 +506,10 @@ class _TwinScales:
 
     def _hook(self, name: str, eps: float, layernorm: bool) -> Callable:
         def pre(_mod: Any, args: tuple[Any, ...]) -> None:
-            x = args[0][0, -1].to(torch.float32)
+            x = args[0][:, -1].to(torch.float32)  # [B, d_model], the query position
             if layernorm:
-                x = x - x.mean()
-            self.values[name] = (x.pow(2).mean() + eps).sqrt()
+                x = x - x.mean(-1, keepdim=True)
+            self.values[name] = (x.pow(2).mean(-1) + eps).sqrt()
 
         return pre
 
@@ -773,7 +762,8 @@ def greedy_decode(
                                output_attentions=True, logits_to_keep=1)
                 logits = out.logits[0, -1]
                 attn = [a.reshape(a.shape[1], a.shape[-1]) for a in out.attentions]
-                step_scales = dict(twin_scales.values) if twin_scales is not None else {}
+                step_scales = ({k: v[0] for k, v in twin_scales.values.items()}
+                               if twin_scales is not None else {})
             elif eng.path == "sdpa_twin":
                 logits = eng.twin(step_input, past_key_values=cache, use_cache=True,
                                   logits_to_keep=1).logits[0, -1]

@@ -30,7 +30,6 @@ from locos_tl.ablation import (
     AblationMeans,
     AblationMode,
     ablate,
-    check_heads,
     check_mode,
     random_heads,
 )
@@ -142,7 +141,7 @@ def build_jobs(
         for seed in seeds:
             jobs += [AblationJob(RANDOM, k, int(seed), tuple(random_heads(n_layers, n_heads, k,
                                                                           int(seed))))
-                     for k in ks if k <= n_layers * n_heads]
+                     for k in ks]  # parse_ks: every k <= n_layers * n_heads
     if bottom == "auto":
         scored = [n for n, hs in head_sets.items() if isinstance(hs, HeadScores)]
         bottom = "locos" if "locos" in scored else (scored[0] if scored else None)
@@ -272,8 +271,6 @@ def evaluate(
             if hs.n_trials == 0:
                 raise ValueError(f"head set {name!r} has no accepted trial: its ranking is "
                                  "all NaN")
-    for job in jobs:
-        check_heads(model, job.heads)
     settings = {
         "model": model_name(model), "mode": mode, "means_hash": means_hash(means),
         "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,

@@ -81,13 +81,27 @@ class _HookName:
         self.name = name
 
 
+_ATTN: weakref.WeakKeyDictionary[Any, dict[int, torch.nn.Module]] = weakref.WeakKeyDictionary()
+
+
 def _attn_modules(twin: Any) -> dict[int, torch.nn.Module]:
-    out: dict[int, torch.nn.Module] = {}
-    for name, mod in twin.named_modules():
-        m = re.search(r"(?:^|\.)layers\.(\d+)\.self_attn$", name)
-        if m:
-            out[int(m.group(1))] = mod
-    return out
+    """Layer -> the twin's ``self_attn`` module (found once per twin)."""
+    if twin not in _ATTN:
+        out: dict[int, torch.nn.Module] = {}
+        for name, mod in twin.named_modules():
+            m = re.search(r"(?:^|\.)layers\.(\d+)\.self_attn$", name)
+            if m:
+                out[int(m.group(1))] = mod
+        _ATTN[twin] = out
+    return _ATTN[twin]
+
+
+def is_shared_q_norm(norm: Any, n_heads: int, d_head: int) -> bool:
+    """Whether a ``q_norm`` module normalises all heads' concatenated queries together
+    (OLMo-2/3: weight ``[n_heads * d_head]``) rather than each head on its own (Qwen3,
+    Gemma-3: weight ``[d_head]``)."""
+    w = getattr(norm, "weight", None)
+    return isinstance(w, Tensor) and tuple(w.shape) == (n_heads * d_head,) and n_heads > 1
 
 
 def _twin_hook(name: str, fn: HookFn, module: torch.nn.Module, where: str,
@@ -146,10 +160,8 @@ def twin_hooks(
             return None
         if sub == "o_proj" and getattr(module, "in_features", None) != H * d:
             return None
-        if sub == "q_norm":  # only a norm over all heads' concatenated queries (OLMo)
-            w = getattr(module, "weight", None)
-            if not (isinstance(w, Tensor) and tuple(w.shape) == (H * d,) and H > 1):
-                return None
+        if sub == "q_norm" and not is_shared_q_norm(module, H, d):  # OLMo's only
+            return None
         kind, hook = _twin_hook(name, fn, module, where, per_head, H, d)
         out.append((module, kind, hook))
     return out
@@ -162,6 +174,12 @@ def _lens_handles(model: Any) -> Iterator[Any]:
     for hp in points():
         yield from getattr(hp, "fwd_hooks", ()) or ()
         yield from getattr(hp, "bwd_hooks", ()) or ()
+
+
+def lens_hooks_attached(model: Any) -> bool:
+    """Whether any TransformerLens hook (forward or backward) is attached to ``model``,
+    by anyone (a user, or an open :func:`intervene` block)."""
+    return any(True for _ in _lens_handles(model))
 
 
 @contextmanager
@@ -181,7 +199,10 @@ def intervene(model: Any, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[E
         :func:`engine` of the model inside the block.
     """
     hooks = list(fwd_hooks)
-    twin = sdpa_twin(model) if hooks else None
+    if not hooks:  # nothing to attach (e.g. a clean or corrupted run of patching)
+        yield engine(model)
+        return
+    twin = sdpa_twin(model)
     plan = twin_hooks(model, twin, hooks) if twin is not None else None
     if twin is not None and plan is None and model not in _WARNED:
         _WARNED.add(model)
@@ -190,7 +211,7 @@ def intervene(model: Any, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[E
             f"interventions at {names[:4]} have no module-hook equivalent on the fast SDPA "
             "twin; forwards inside them run through the TransformerBridge (slower, same "
             "values)", RuntimeWarning, stacklevel=3)
-    entry = _Active(hooks=hooks, twin_ok=plan is not None or not hooks)
+    entry = _Active(hooks=hooks, twin_ok=plan is not None)
     before = {id(h) for h in _lens_handles(model)}
     active = _ACTIVE.setdefault(model, [])
     torch_handles: list[Any] = []
@@ -229,8 +250,3 @@ def engine(model: Any) -> Engine:
     """``"twin"`` when the SDPA twin exists and reproduces every attached hook
     (:func:`hooks_reproducible`), else ``"bridge"``."""
     return "twin" if hooks_reproducible(model) and sdpa_twin(model) is not None else "bridge"
-
-
-def fast_path_ok(model: Any) -> bool:
-    """``engine(model) == "twin"``: a forward may run on the SDPA twin (module docstring)."""
-    return engine(model) == "twin"

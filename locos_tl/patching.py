@@ -35,7 +35,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from locos_tl.answers import answer_steps, answer_token_variants
-from locos_tl.decode import DecodeStep, greedy_decode
+from locos_tl.decode import DecodeStep, _new_cache, greedy_decode
 from locos_tl.errors import TrialError
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
@@ -128,12 +128,6 @@ def default_batch_size(device: torch.device | str) -> int:
     saves calls but not FLOPs and its larger attention tensors made it slower (see
     ``benchmarks/bench_methods.py``)."""
     return 16 if torch.device(device).type == "cuda" else 1
-
-
-def _new_cache(model: Any) -> Any:
-    from transformers import DynamicCache
-
-    return DynamicCache(config=model.original_model.config)
 
 
 @torch.no_grad()

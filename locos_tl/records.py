@@ -20,6 +20,22 @@ META_FILE = "meta.json"
 TRIAL_SET_KEY = "trial_set_hash"
 
 
+def read_records(run_dir: str | Path) -> dict[str, dict[str, Any]]:
+    """The records of a run directory (``trials.jsonl``) keyed by ``trial_id``, later
+    lines winning; a line cut by a crash (or not a record) is skipped: that trial reruns."""
+    path = Path(run_dir) / RECORDS_FILE
+    records: dict[str, dict[str, Any]] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(rec, dict) and "trial_id" in rec:
+                records[rec["trial_id"]] = rec
+    return records
+
+
 class RecordStore:
     """Append-only JSON-lines store of per-trial records keyed by ``trial_id``.
 
@@ -60,14 +76,7 @@ class RecordStore:
                 raise LocosError(
                     f"{self.dir} holds a run with other settings ({detail}); {way_out}"
                 )
-        self.records: dict[str, dict[str, Any]] = {}
-        if self.path.exists():
-            for line in self.path.read_text().splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # a line cut by a crash: that trial reruns
-                    continue
-                self.records[rec["trial_id"]] = rec
+        self.records: dict[str, dict[str, Any]] = read_records(self.dir)
 
     def __contains__(self, trial_id: str) -> bool:
         return trial_id in self.records

@@ -30,7 +30,7 @@ from typing import Any
 from locos_tl.acceptance import acceptance_counts
 from locos_tl.errors import LocosError
 from locos_tl.heads import HeadScores
-from locos_tl.records import META_FILE, RECORDS_FILE
+from locos_tl.records import META_FILE, RECORDS_FILE, read_records
 
 #: The files of one method's folder (written by ``locos score``).
 METHOD_FILES = ("scores.csv", "heads.json", "head_scores.json", "heatmap.html")
@@ -156,14 +156,7 @@ def _choose(path: Path, methods: list[str], method: str | None) -> str:
 def _from_records(path: Path, method: str) -> HeadScores:
     meta: dict[str, Any] = json.loads((path / META_FILE).read_text())
     settings = meta.get("settings", {})
-    records: dict[str, dict[str, Any]] = {}
-    if (path / RECORDS_FILE).exists():
-        for line in (path / RECORDS_FILE).read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut by a crash
-                continue
-            records[rec["trial_id"]] = rec
+    records = read_records(path)
     n = settings.get("n_trials")
     if n is not None and len(records) < int(n):
         raise LocosError(f"{path} holds an unfinished run ({len(records)} of {n} trials "
@@ -203,14 +196,13 @@ def load_head_scores(path: str | Path, method: str | None = None) -> HeadScores:
         FileNotFoundError: nothing loadable at ``path``.
     """
     p = Path(path)
-    if (p / "head_scores.json").exists() or (
-        (p / "heads.json").exists() and run_methods(p) is None
-    ):
+    saved = (p / "head_scores.json").exists()
+    methods = run_methods(p)
+    if saved or ((p / "heads.json").exists() and methods is None):
         hs = HeadScores.load(p)
-        if method is not None and hs.method != method and (p / "head_scores.json").exists():
+        if method is not None and hs.method != method and saved:
             raise LocosError(f"{p} holds {hs.method!r} scores, not {method!r}")
         return hs
-    methods = run_methods(p)
     if methods is None and not p.exists() and run_methods(p.parent) is not None:
         if method is not None and method != p.name:  # runs/x/wu with method="locos"
             raise LocosError(f"{p} names method {p.name!r} but method={method!r} was asked")

@@ -154,6 +154,10 @@ def non_finite_record(
     return rec
 
 
+#: the answer-step acceptance rule (LOCOS) behind a record's ``accepted``/``dropped``
+_ANSWER_STEP_RULE = Detector()
+
+
 class _Collector:
     """One trial's detector inputs, gathered while decoding (kept on the device):
     per-step values, phi's per-step finiteness, prompt-row values."""
@@ -261,16 +265,12 @@ def trial_record(
     recall = rouge1_recall(result.text, trial.answer)
     steps = answer_steps(model.tokenizer, result.generated, trial.answer,
                          start=result.response_start)
-    dropped = None
-    if recall <= gate_threshold:
-        dropped = "gate"
-    elif not steps:
-        dropped = "no_answer_step"
     outcome = TrialOutcome(
         generated=list(result.generated), response=result.text, answer=trial.answer,
         rouge1_recall=recall, answer_steps=list(steps), gate_threshold=gate_threshold,
         tokenizer=model.tokenizer, response_start=result.response_start,
     )
+    dropped = _ANSWER_STEP_RULE.drop_reason(outcome)  # the trial-level accepted/dropped
     dropped_by = {d.name: d.drop_reason(outcome) for d in detectors}
     record: dict[str, Any] = {
         "trial_id": trial.trial_id,

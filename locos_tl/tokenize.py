@@ -41,6 +41,7 @@ BosPolicy = Literal["checkpoint", "none"]
 BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
 
 _OWN: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+_RESOLVED: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def checkpoint_tokenizer(tokenizer: Any) -> Any:
@@ -68,6 +69,11 @@ def checkpoint_tokenizer(tokenizer: Any) -> Any:
     if init.get("add_bos_token") is not True or not name:
         return tok
     try:
+        if tok in _RESOLVED:
+            return tok
+    except TypeError:  # not weak-referenceable
+        pass
+    try:
         cached = _OWN.get(tok)
     except TypeError:  # not weak-referenceable
         cached = None
@@ -87,6 +93,7 @@ def checkpoint_tokenizer(tokenizer: Any) -> Any:
         own = tok
     try:
         _OWN[tok] = own
+        _RESOLVED.add(own)  # passing the reload back in never reloads it again
     except TypeError:
         pass
     return own

@@ -12,7 +12,8 @@ from locos_tl.ablation import (
     calibrate_means,
     random_heads,
 )
-from locos_tl.decode import _hooks_attached, greedy_decode
+from locos_tl.decode import greedy_decode
+from locos_tl.interventions import lens_hooks_attached
 
 TOKENS = torch.tensor([[5 + (7 * i) % 300 for i in range(24)]])
 HEADS = [(0, 1), (1, 2)]
@@ -53,7 +54,7 @@ def test_logits_bit_identical_after_block(model, means, mode) -> None:
         after = model(TOKENS)
     assert (during - before).abs().max() > 1e-3  # the ablation did something
     assert torch.equal(before, after)
-    assert not _hooks_attached(model)
+    assert not lens_hooks_attached(model)
 
 
 def test_hooks_removed_when_block_raises_and_foreign_hooks_kept(model, means) -> None:
@@ -69,7 +70,7 @@ def test_hooks_removed_when_block_raises_and_foreign_hooks_kept(model, means) ->
         after = model(TOKENS)
     assert len(calls) == 2
     assert torch.equal(before, after)
-    assert not _hooks_attached(model)
+    assert not lens_hooks_attached(model)
 
 
 def test_hook_q_is_before_qk_norm_and_rotary(model) -> None:
@@ -167,7 +168,7 @@ def test_bad_arguments_raise_before_hooking(model) -> None:
     with pytest.raises(ValueError, match="calibration means"):
         with ablate(model, HEADS, "query_mean"):
             pass
-    assert not _hooks_attached(model)
+    assert not lens_hooks_attached(model)
 
 
 def test_random_heads_seeded_distinct_nested() -> None:

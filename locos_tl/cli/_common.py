@@ -8,7 +8,6 @@ command line must start without torch, TransformerLens or plotly).
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 from collections.abc import Iterable, Iterator, Sequence
@@ -114,22 +113,6 @@ def resumable(out: Path, ctx: ClickContext) -> Iterator[None]:
                     f"the same command again:\n  {resume_command(ctx)}",
                     err=True, fg=typer.colors.YELLOW)
         raise typer.Exit(code=130) from None
-
-
-def stored_records(out: Path) -> dict[str, dict[str, Any]]:
-    """The records of the run directory ``out`` (``trials.jsonl``) keyed by ``trial_id``;
-    a line cut by a crash is ignored, as the run itself does."""
-    path = Path(out) / "trials.jsonl"
-    records: dict[str, dict[str, Any]] = {}
-    if path.exists():
-        for line in path.read_text().splitlines():
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(rec, dict) and "trial_id" in rec:
-                records[str(rec["trial_id"])] = rec
-    return records
 
 
 def note_resume(out: Path, n_done: int, n_total: int | None = None,

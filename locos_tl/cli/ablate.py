@@ -20,10 +20,10 @@ from locos_tl.cli._common import (
     fail,
     note_resume,
     resumable,
-    stored_records,
     write_figure,
 )
 from locos_tl.errors import LocosError
+from locos_tl.records import read_records
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -304,9 +304,10 @@ def ablate(
         with resumable(out, ctx):
             if mode.endswith("_mean") and mean_table is None:
                 stored = out / "means.safetensors"
-                if old is not None and calib_texts is None and stored.exists() \
-                        and means_hash(AblationMeans.load(stored)) == old.get("means_hash"):
-                    mean_table = AblationMeans.load(stored)  # the resumed run's own means
+                own = (AblationMeans.load(stored) if old is not None and calib_texts is None
+                       and stored.exists() else None)
+                if own is not None and means_hash(own) == old.get("means_hash"):
+                    mean_table = own  # the resumed run's own means
                     typer.secho(f"reusing {stored} (the run's calibration means)",
                                 err=True, fg=typer.colors.CYAN)
                 else:
@@ -325,7 +326,7 @@ def ablate(
                             "a new --out directory")
                     out.mkdir(parents=True, exist_ok=True)
                     mean_table.save(stored)
-            note_resume(out, len(stored_records(out)), what="generations")
+            note_resume(out, len(read_records(out)), what="generations")
             df = evaluate(bridge, trial_list, head_sets, k=k_values, mode=mode,
                           means=mean_table, seeds=seed_values, random=random,
                           bottom=None if bottom == "none" else bottom, scorer=scorer,
@@ -340,7 +341,7 @@ def ablate(
                     seeds=seed_values, random=random,
                     bottom=None if bottom == "none" else bottom, scorer="control",
                     out_dir=out / "control",
-                    max_new_tokens=control_max_new_tokens or max_new_tokens,
+                    max_new_tokens=control_max_new_tokens,
                     stop_at_newline=stop_at_newline, stop_rule=stop_rule, thinking=thinking,
                     workers=workers, ray_address=ray_address)
                 ds = write_dissociation(out, df, df_control, control=control,
@@ -448,7 +449,7 @@ def patch(
         trial_list = load_trials(trials, bridge.tokenizer,
                                  n_ctx=getattr(bridge.cfg, "n_ctx", None))
         ids = {t.trial_id for t in trial_list}
-        note_resume(out, len(ids & set(stored_records(out))), len(trial_list))
+        note_resume(out, len(ids & set(read_records(out))), len(trial_list))
         with resumable(out, ctx):
             cri = patch_heads(bridge, trial_list, corruption=corruption,  # type: ignore[arg-type]
                               batch_size=batch_size, chunk_size=chunk_size,

@@ -95,7 +95,7 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
     """
     import pandas as pd
 
-    from locos_tl.cli.score import no_head_scored, write_outputs
+    from locos_tl.cli.score import write_outputs
     from locos_tl.models import load_model
     from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
     from locos_tl.score import score_trials
@@ -127,7 +127,7 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
             table = ranking_table(res, roles)
             typer.echo(table.to_string(index=False, na_rep=""))
             for method, hs in res.items():
-                if no_head_scored(hs):
+                if hs.all_zero:
                     typer.echo(f"{method}: no head scored (every score is 0 over "
                                f"{hs.n_trials} accepted trials)")
             rows.append(table.assign(run=name))

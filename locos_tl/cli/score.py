@@ -58,7 +58,7 @@ def print_top(result: HeadScores | dict[str, HeadScores], k: int = 10) -> None:
                         f"{hs.meta.get('n_trials', 0)} passed the ROUGE-1 gate or had an "
                         "answer step): every score is NaN", err=True, fg=typer.colors.YELLOW)
             continue
-        if no_head_scored(hs):
+        if hs.all_zero:  # e.g. Wu when no answer token was copied
             typer.echo(f"\n{method}: no head scored (every score is 0 over "
                        f"{hs.n_trials} accepted trials): no ranking to show")
             continue
@@ -66,15 +66,6 @@ def print_top(result: HeadScores | dict[str, HeadScores], k: int = 10) -> None:
         typer.echo(f"\n{method}: top {k} heads ({hs.meta.get('n_accepted', hs.n_trials)} of "
                    f"{hs.meta.get('n_trials', hs.n_trials)} trials accepted)")
         typer.echo(df.to_string(index=False, float_format=lambda x: f"{x:.4f}"))
-
-
-def no_head_scored(hs: HeadScores) -> bool:
-    """True when every finite score is exactly 0 (e.g. the Wu copy score when no answer
-    token was copied): a ranking would only list heads in index order."""
-    import torch
-
-    finite = hs.scores[torch.isfinite(hs.scores)]
-    return bool(finite.numel()) and bool((finite == 0).all())
 
 
 def _parse_device_map(text: str | None) -> str | dict[str, Any] | None:

@@ -8,11 +8,12 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 
 from locos_tl.cli import HelpGroup, app
+from locos_tl.cli._common import fail
 from locos_tl.errors import LocosError
 
 build_app = typer.Typer(
@@ -87,7 +88,7 @@ def nolima(
             chat_template=chat_template, seed=seed,
         )
     except LocosError as exc:
-        _fail(exc)
+        fail(exc)
     _write(trials, out, "nolima", time.perf_counter() - t0, dict(
         needle_set=str(needle_set), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
         lengths=lengths, depths=depths, num_examples=num_examples, question_type=question_type,
@@ -120,7 +121,7 @@ def niah(
             num_examples=num_examples, chat_template=chat_template, seed=seed,
         )
     except LocosError as exc:
-        _fail(exc)
+        fail(exc)
     _write(trials, out, "niah", time.perf_counter() - t0, dict(
         needles=str(needles), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
         lengths=lengths, depths=depths, num_examples=num_examples,
@@ -161,7 +162,7 @@ def parametric(
             tok, n=num_examples, kinds=tuple(kind or PARAMETRIC_KINDS), seed=seed,
             template=_control_template(template), chat_template=chat_template)
     except (LocosError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     _write(trials, out, "parametric", time.perf_counter() - t0, dict(
         tokenizer=tokenizer, num_examples=num_examples, kind=kind, template=template,
         chat_template=chat_template, seed=seed))
@@ -188,7 +189,7 @@ def arithmetic(
             tok, n=num_examples, ops=[o.strip() for o in ops.split(",") if o.strip()],
             seed=seed, template=_control_template(template), chat_template=chat_template)
     except (LocosError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     _write(trials, out, "arithmetic", time.perf_counter() - t0, dict(
         tokenizer=tokenizer, num_examples=num_examples, ops=ops, template=template,
         chat_template=chat_template, seed=seed))
@@ -211,7 +212,7 @@ def organism_echo(
         t0 = time.perf_counter()
         trials = make_echo_trials(num_examples, seed=seed, top=top)
     except (LocosError, ValueError) as exc:
-        _fail(exc)
+        fail(exc)
     _write(trials, out, "organism-echo", time.perf_counter() - t0, dict(
         num_examples=num_examples, top=top, seed=seed))
 
@@ -241,8 +242,3 @@ def _write(trials: list[Any], out: Path, task: str, seconds: float, args: dict[s
     Path(str(out) + ".meta.json").write_text(json.dumps(meta, indent=2) + "\n")
     typer.echo(f"wrote {len(trials)} {task} trials to {out} in {seconds:.1f} s "
                f"(set hash {meta['trial_set_hash']})")
-
-
-def _fail(exc: Exception) -> NoReturn:
-    typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
-    raise typer.Exit(code=2)
