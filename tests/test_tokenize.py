@@ -308,3 +308,18 @@ def test_organism_trials_follow_the_rule():
             again = Trial.from_text(own, t.prompt, needle, t.answer)
             if t.prompt.count(needle) == 1:
                 assert again.needle_span == t.needle_span
+
+
+@pytest.mark.parametrize("template", ["plain", "bos"])
+def test_control_trials_with_a_chat_template_follow_the_rule(template):
+    """Control trials (locos build-trials parametric|arithmetic --chat-template) go
+    through the same rule as NoLiMa/NIAH prompts: a checkpoint that prepends BOS gets it
+    exactly once at position 0, whether or not its chat template writes it."""
+    from locos_tl.data.controls import ControlExample, build_control_trials
+
+    tok = _tokenizer("bos")
+    tok.chat_template = TEMPLATE_PLAIN if template == "plain" else TEMPLATE_BOS
+    (t,) = build_control_trials(tok, [ControlExample("What is 2 + 2?", "4")],
+                                control="arithmetic", chat_template=True)
+    assert list(t.tokens) == _expected(tok, t.prompt)
+    _bos_ok("bos", tok, list(t.tokens))

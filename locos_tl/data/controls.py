@@ -177,8 +177,7 @@ def build_control_trials(
         meta = {"control": control, "category": ex.category, "index": i, **ex.meta}
         meta["answer_aliases"] = [str(a) for a in ex.meta.get("answer_aliases", [])]
         try:
-            t = Trial.from_text(tok, text, ex.question, ex.answer, n_ctx=n_ctx, meta=meta,
-                                add_special_tokens=not chat_template)
+            t = Trial.from_text(tok, text, ex.question, ex.answer, n_ctx=n_ctx, meta=meta)
         except TrialError as exc:
             raise TrialError(f"control question {i} ({ex.question[:60]!r}): {exc}") from exc
         out.append(t)
