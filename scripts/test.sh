@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The full test run (what CI runs after scripts/setup.sh): unit, integration and
-# browser tests, then the four notebooks executed top to bottom, then the docs build
+# browser tests, then the five notebooks executed top to bottom, then the docs build
 # in strict mode. Extra arguments go to the first pytest call.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -30,7 +30,8 @@ def test_import_locos_tl_imports_no_heavy_module():
 
 
 HELP_ARGS = [[], ["build-trials"], ["build-trials", "nolima"], ["build-trials", "niah"],
-             ["score"], ["ablate"], ["patch"], ["calibrate"], ["demo"], ["train-organism"]]
+             ["score"], ["ablate"], ["patch"], ["compress"], ["calibrate"], ["demo"],
+             ["train-organism"]]
 
 
 def test_every_help_imports_no_heavy_module():

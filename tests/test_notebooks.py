@@ -15,7 +15,7 @@ import pytest
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ["00_organism.ipynb", "01_quickstart.ipynb", "02_literal_vs_nonliteral.ipynb",
-         "03_causal_evidence.ipynb"]
+         "03_causal_evidence.ipynb", "04_kv_compression.ipynb"]
 BUDGET_S = 300  # each notebook must run in under 5 minutes on a 2-core CPU
 
 

@@ -31,6 +31,7 @@ SIZES = {  # width, height in CSS pixels
     "rank_scatter": (700, 520),
     "phi_explorer": (1100, 600),
     "reads_vs_writes": (1100, 600),
+    "compression_curves": (1000, 440),
 }
 
 
@@ -86,7 +87,31 @@ def organism_figures() -> dict[str, Any]:
         "phi_explorer": plot.phi_explorer(phi, words, 0, needle_span=t.needle_span, target=tgt),
         "reads_vs_writes": plot.reads_vs_writes(pattern, phi, words, top,
                                                 needle_span=t.needle_span, target=tgt),
+        "compression_curves": compression_figure(model),
     }
+
+
+def compression_figure(model: Any = None) -> Any:
+    """Notebook 04's per-query-head compression curves on the organism (128 tokens)."""
+    import locos_tl
+    from locos_tl import plot
+    from locos_tl.compress import compression_sweep
+    from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
+
+    if model is None:
+        model = locos_tl.load_model(os.environ.get("LOCOS_ORGANISM", DEFAULT_ORGANISM),
+                                    device="cpu")
+    book = default_book_dir() if default_book_dir().is_dir() else None
+    detect = [t for task in ("literal", "nonliteral")
+              for t in make_trials(task, 16, n_tokens=128, book=book, seed=31)]
+    s = locos_tl.score_trials(model, detect, methods=["locos", "wu", "headkv"],
+                              max_new_tokens=4, progress=False)
+    evals = [t for task in ("literal", "nonliteral")
+             for t in make_trials(task, 20, n_tokens=128, book=book, seed=32)]
+    df = compression_sweep(model, evals, {m: s[m] for m in ("locos", "wu", "headkv")},
+                           (0.1, 0.15, 0.25, 0.5, 1.0), unit="query_head", progress=False)
+    return plot.compression_curves(df, title="organism, 128 tokens: per-query-head KV "
+                                             "budgets")
 
 
 def chromium() -> str | None:

@@ -14,7 +14,7 @@ import typer
 from typer.core import TyperGroup
 
 # `locos --help` lists the commands in the order of the workflow, not of registration
-WORKFLOW_ORDER = ("build-trials", "score", "ablate", "patch", "calibrate", "demo",
+WORKFLOW_ORDER = ("build-trials", "score", "ablate", "patch", "compress", "calibrate", "demo",
                   "train-organism")
 
 
@@ -54,6 +54,7 @@ app = typer.Typer(
 
 # Sub-modules register commands on `app` when imported (one module per command group).
 from locos_tl.cli import ablate as _ablate  # noqa: E402,F401
+from locos_tl.cli import compress as _compress  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
 from locos_tl.cli import organism as _organism  # noqa: E402,F401
 from locos_tl.cli import score as _score  # noqa: E402,F401

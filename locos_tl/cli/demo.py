@@ -85,10 +85,44 @@ def files_summary(out: Path, runs: list[str]) -> str:
     return ";\n".join(parts)
 
 
+def resolve_organism(model: str | None) -> Path:
+    """``None`` -> the long-context organism; a shipped organism's name -> its directory;
+    anything else is taken as a directory."""
+    from locos_tl.organisms import LONG_ORGANISM, ORGANISMS
+
+    if model is None:
+        return Path(LONG_ORGANISM)
+    return Path(ORGANISMS.get(model, model))
+
+
+def valid_length_warning(model_dir: Path, lengths: tuple[int, ...]) -> str | None:
+    """A warning when ``lengths`` exceed the organism's measured valid range (its
+    ``ground_truth.json``), else ``None``."""
+    path = model_dir / "ground_truth.json"
+    if not path.exists():
+        return None
+    vr = json.loads(path.read_text()).get("valid_range") or {}
+    top = vr.get("max_valid")
+    if top is None or max(lengths) <= top:
+        return None
+    return (f"warning: {model_dir.name} retrieves reliably only up to {top} tokens (its "
+            f"MODEL_CARD.md); at {max(lengths)} tokens most trials fail and the ranking is "
+            "not its ground truth. Use --length <= "
+            f"{top}" + (" or the default organism (retrieval-long)."
+                        if model_dir.name != "retrieval-long" else "."))
+
+
 def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
-             lengths: tuple[int, ...] = (64, 128), book: Path | None = None,
+             lengths: tuple[int, ...] = (1024,), book: Path | None = None,
              progress: bool = True) -> dict[str, dict[str, Any]]:
     """Score the organism's literal and non-literal tasks; returns ``{run: {method: HeadScores}}``.
+
+    Args:
+        out: output directory.
+        model_dir: organism directory or shipped name (default: ``retrieval-long``).
+        n_trials: trials per task and filler.
+        lengths: prompt lengths in tokens, cycled over the trials.
+        book: book text for the real-filler runs.
 
     Raises:
         ModelLoadError: the organism directory is missing.
@@ -97,10 +131,13 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
 
     from locos_tl.cli.score import write_outputs
     from locos_tl.models import load_model
-    from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
+    from locos_tl.organisms import default_book_dir, make_trials
     from locos_tl.score import score_trials
 
-    model_path = Path(model_dir or DEFAULT_ORGANISM)
+    model_path = resolve_organism(model_dir)
+    warn = valid_length_warning(model_path, lengths)
+    if warn:
+        typer.secho(warn, err=True, fg=typer.colors.YELLOW)
     model = load_model(model_path, device="cpu")
     roles = _roles(model_path)
     fillers: dict[str, Any] = {"synthetic": None}
@@ -138,8 +175,12 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
 @app.command(short_help="Score the shipped model organism; compare with its truth.")
 def demo(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/demo"),
-    model: Annotated[str | None, typer.Option(help="Organism directory (default: the "
-                                                   "shipped one).")] = None,
+    model: Annotated[str | None, typer.Option(help="Organism directory or shipped name "
+                                                   "(retrieval-long, retrieval-2l; default: "
+                                                   "retrieval-long).")] = None,
+    length: Annotated[int, typer.Option(help="Prompt length in tokens (retrieval-long: "
+                                             "512-4096; retrieval-2l: up to 128).",
+                                        min=16)] = 1024,
     n_trials: Annotated[int, typer.Option(help="Trials per task and filler.", min=1)] = 40,
     book: Annotated[Path | None, typer.Option(help="Book text file or directory used as "
                                                    "real filler (default: "
@@ -151,7 +192,8 @@ def demo(
 
     t0 = time.perf_counter()
     try:
-        summary = run_demo(out, model_dir=model, n_trials=n_trials, book=book)
+        summary = run_demo(out, model_dir=model, n_trials=n_trials, lengths=(length,),
+                           book=book)
     except (LocosError, FileNotFoundError) as exc:
         typer.secho(f"error: {exc}", err=True, fg=typer.colors.RED)
         raise typer.Exit(code=2) from exc

@@ -33,9 +33,36 @@ DEFAULT_ORGANISM: str = str(
     Path(__file__).resolve().parents[2] / "data" / "organisms" / ORGANISM_NAME
 )
 
+#: The long-context organism (retrieves at 1k-2k tokens; see its MODEL_CARD.md).
+LONG_ORGANISM: str = str(
+    Path(__file__).resolve().parents[2] / "data" / "organisms" / "retrieval-long"
+)
+
+#: Shipped organisms by name.
+ORGANISMS: dict[str, str] = {
+    ORGANISM_NAME: DEFAULT_ORGANISM,
+    "retrieval-2l-compiled": COMPILED_ORGANISM,
+    "retrieval-long": LONG_ORGANISM,
+}
+
+
+def organism_path(name: str) -> str:
+    """Directory of a shipped organism.
+
+    Raises:
+        KeyError: unknown name (the message lists the shipped ones).
+    """
+    try:
+        return ORGANISMS[name]
+    except KeyError:
+        raise KeyError(f"unknown organism {name!r}; shipped: {sorted(ORGANISMS)}") from None
+
+
 __all__ = [
     "COMPILED_ORGANISM",
     "DEFAULT_ORGANISM",
+    "LONG_ORGANISM",
+    "ORGANISMS",
     "ORGANISM_NAME",
     "TASKS",
     "BookFiller",
@@ -45,4 +72,5 @@ __all__ = [
     "make_example",
     "make_echo_trials",
     "make_trials",
+    "organism_path",
 ]

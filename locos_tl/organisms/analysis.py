@@ -80,23 +80,39 @@ def _by_length(items: Sequence[Any]) -> dict[int, list[int]]:
 
 
 @torch.no_grad()
-def final_logits(model: Any, items: Sequence[Any], batch_size: int = 128) -> torch.Tensor:
+def final_logits(model: Any, items: Sequence[Any], batch_size: int | None = None) -> torch.Tensor:
     """Logits at the last prompt position.
 
     Args:
         model: HF causal LM.
         items: :class:`~locos_tl.trials.Trial` or :class:`Example` objects (any lengths).
+        batch_size: prompts per forward; ``None``: about 16k tokens per forward.
 
     Returns:
         float32 ``[len(items), vocab]``.
     """
     out = torch.empty(len(items), model.config.vocab_size)
-    for _, idx in _by_length(items).items():
-        for k in range(0, len(idx), batch_size):
-            chunk = idx[k : k + batch_size]
+    for n_tok, idx in _by_length(items).items():
+        bs = batch_size or _chunk(n_tok, 16384)
+        for k in range(0, len(idx), bs):
+            chunk = idx[k : k + bs]
             ids = torch.tensor([_tokens(items[i]) for i in chunk])
-            out[chunk] = model(input_ids=ids).logits[:, -1].float()
+            out[chunk] = model(input_ids=ids, logits_to_keep=1).logits[:, -1].float()
     return out
+
+
+def _length_chunks(items: Sequence[Any], cost: Any, budget: int) -> Iterator[list[int]]:
+    """Index lists of same-length items, each chunk costing about ``budget``
+    (``cost(n_tokens)`` per item)."""
+    for n_tok, idx in _by_length(items).items():
+        bs = _chunk(cost(n_tok), budget)
+        for k in range(0, len(idx), bs):
+            yield idx[k : k + bs]
+
+
+def _chunk(n_tokens: int, budget: int) -> int:
+    """Prompts per forward so that a chunk holds about ``budget`` tokens (at least 1)."""
+    return max(1, budget // max(n_tokens, 1))
 
 
 def accuracy(model: Any, items: Sequence[Any]) -> float:
@@ -206,9 +222,10 @@ def attention_profile(model: Any, examples: Sequence[Example]) -> dict[str, np.n
            ("needle_landmark", "needle_name", "other_names", "other_landmarks", "rest",
             "prev_token_from_landmark")}
     n_prev = 0
-    for _, idx in _by_length(examples).items():
+    # eager attention rows cost B*H*P*P floats per layer: about 2^23 per forward
+    for idx in _length_chunks(examples, lambda n: n * n * H, 1 << 23):
         ids = torch.tensor([examples[i].ids for i in idx])
-        att = model(input_ids=ids, output_attentions=True).attentions  # L x [B,H,P,P]
+        att = model(input_ids=ids, output_attentions=True, logits_to_keep=1).attentions
         for b, i in enumerate(idx):
             ex = examples[i]
             s, _e = ex.needle_span
@@ -264,7 +281,7 @@ def _z_cache(model: Any, ids: torch.Tensor) -> list[torch.Tensor]:
     handles = [layer.self_attn.o_proj.register_forward_pre_hook(
         lambda mod, args: zs.append(args[0].detach().clone())) for layer in _layers(model)]
     try:
-        model(input_ids=ids)
+        model(input_ids=ids, logits_to_keep=1)
     finally:
         for h in handles:
             h.remove()
@@ -297,44 +314,50 @@ def patching(
     L, H, D = _dims(model)
     rng = np.random.default_rng(seed)
     pairs = [corrupt(ex, rng) for ex in examples]
-    clean = torch.tensor([ex.ids for ex in examples])
-    corr = torch.tensor([p[0].ids for p in pairs])
-    a_clean = torch.tensor([ex.answer_id for ex in examples])
-    a_corr = torch.tensor([p[1] for p in pairs])
-    ar = torch.arange(len(examples))
-
-    def ld(logits: torch.Tensor) -> torch.Tensor:
-        last = logits[:, -1]
-        return last[ar, a_clean] - last[ar, a_corr]
-
-    z_clean = _z_cache(model, clean)
-    ld_clean = ld(model(input_ids=clean).logits)
-    ld_corr = ld(model(input_ids=corr).logits)
     rec = np.zeros((L, H))
     accp = np.zeros((L, H))
-    for l_ in range(L):
-        for h in range(H):
-            sl = slice(h * D, (h + 1) * D)
-            src = z_clean[l_]
+    ld_clean_sum = ld_corr_sum = 0.0
+    # one chunk at a time: long prompts do not fit in one forward
+    for idx in _length_chunks(examples, lambda n: n, 16384):
+        clean = torch.tensor([examples[i].ids for i in idx])
+        corr = torch.tensor([pairs[i][0].ids for i in idx])
+        a_clean = torch.tensor([examples[i].answer_id for i in idx])
+        a_corr = torch.tensor([pairs[i][1] for i in idx])
+        ar = torch.arange(len(idx))
 
-            def pre(mod, args, sl=sl, src=src):
-                x = args[0].clone()
-                if positions == "all":
-                    x[..., sl] = src[..., sl]
-                else:
-                    x[:, -1, sl] = src[:, -1, sl]
-                return (x,) + tuple(args[1:])
+        def ld(logits: torch.Tensor, a_clean=a_clean, a_corr=a_corr, ar=ar) -> torch.Tensor:
+            last = logits[:, -1]
+            return last[ar, a_clean] - last[ar, a_corr]
 
-            hd = _layers(model)[l_].self_attn.o_proj.register_forward_pre_hook(pre)
-            try:
-                lg = model(input_ids=corr).logits
-            finally:
-                hd.remove()
-            r = (ld(lg) - ld_corr) / (ld_clean - ld_corr).clamp_min(1e-6)
-            rec[l_, h] = float(r.mean())
-            accp[l_, h] = float((lg[:, -1].argmax(-1) == a_clean).float().mean())
-    return {"recovered": rec, "ld_clean": float(ld_clean.mean()),
-            "ld_corr": float(ld_corr.mean()), "acc_patched": accp}
+        z_clean = _z_cache(model, clean)
+        ld_clean = ld(model(input_ids=clean, logits_to_keep=1).logits)
+        ld_corr = ld(model(input_ids=corr, logits_to_keep=1).logits)
+        ld_clean_sum += float(ld_clean.sum())
+        ld_corr_sum += float(ld_corr.sum())
+        for l_ in range(L):
+            for h in range(H):
+                sl = slice(h * D, (h + 1) * D)
+                src = z_clean[l_]
+
+                def pre(mod, args, sl=sl, src=src):
+                    x = args[0].clone()
+                    if positions == "all":
+                        x[..., sl] = src[..., sl]
+                    else:
+                        x[:, -1, sl] = src[:, -1, sl]
+                    return (x,) + tuple(args[1:])
+
+                hd = _layers(model)[l_].self_attn.o_proj.register_forward_pre_hook(pre)
+                try:
+                    lg = model(input_ids=corr, logits_to_keep=1).logits
+                finally:
+                    hd.remove()
+                r = (ld(lg) - ld_corr) / (ld_clean - ld_corr).clamp_min(1e-6)
+                rec[l_, h] += float(r.sum())
+                accp[l_, h] += float((lg[:, -1].argmax(-1) == a_clean).float().sum())
+    n = max(len(examples), 1)
+    return {"recovered": rec / n, "ld_clean": ld_clean_sum / n,
+            "ld_corr": ld_corr_sum / n, "acc_patched": accp / n}
 
 
 def single_head_ablation(
@@ -380,18 +403,21 @@ def ground_truth(
     n_tokens: int = 64,
     seed: int = 4242,
     threshold: float = 0.1,
+    single: bool = True,
 ) -> GroundTruth:
     """Establish head roles causally (eager HF model).
 
-    Roles: a *literal copy* head is a last-layer head whose clean->corrupt patching on
-    literal prompts (needle landmark swapped) recovers >= ``threshold`` of the logit
-    difference and which puts >= 0.5 of its attention on the needle landmark at literal
-    questions; a *non-literal writer* likewise on non-literal prompts (needle name
-    swapped), restricted to heads whose top attention target at the question is the
-    needle landmark; a *previous-token mover* is a first-layer head whose patching on
-    non-literal prompts recovers >= ``threshold`` and whose attention from landmarks to
+    Roles: a *literal copy* head is a head of a layer above the first whose
+    clean->corrupt patching on literal prompts (needle landmark swapped) recovers
+    >= ``threshold`` of the logit difference and which puts >= 0.5 of its attention on
+    the needle landmark at literal questions; a *non-literal writer* likewise on
+    non-literal prompts (needle name swapped), restricted to heads that attend more to the
+    needle landmark than to the needle name at the question; a *previous-token mover* is a
+    first-layer head whose patching on non-literal prompts recovers >= ``threshold`` and
+    whose attention from landmarks to
     the previous token is >= 0.4. Group ablations of each role (zero and mean) and
-    attention profiles are recorded in ``numbers``.
+    attention profiles are recorded in ``numbers``; with ``single``, also every head's
+    single mean ablation (``L * H`` more passes; skipped at long lengths).
     """
     L, H, _ = _dims(model)
     lit = examples("literal", n, n_tokens, seed)
@@ -401,18 +427,19 @@ def ground_truth(
     prof_lit = attention_profile(model, lit)
     p_lit = patching(model, lit, seed=seed)
     p_non = patching(model, non, seed=seed + 1)
-    last = L - 1
-    lit_heads = [(last, h) for h in range(H)
-                 if p_lit["recovered"][last, h] >= threshold
-                 and prof_lit["needle_landmark"][last, h] >= 0.5]
-    non_heads = [(last, h) for h in range(H)
-                 if p_non["recovered"][last, h] >= threshold
-                 and prof_non["needle_landmark"][last, h] >= prof_non["needle_name"][last, h]]
+    upper = [(ly, h) for ly in range(1, L) for h in range(H)]
+    lit_heads = [(ly, h) for ly, h in upper
+                 if p_lit["recovered"][ly, h] >= threshold
+                 and prof_lit["needle_landmark"][ly, h] >= 0.5]
+    non_heads = [(ly, h) for ly, h in upper
+                 if p_non["recovered"][ly, h] >= threshold
+                 and prof_non["needle_landmark"][ly, h] >= prof_non["needle_name"][ly, h]]
     prev = [(0, h) for h in range(H)
             if p_non["recovered"][0, h] >= threshold
             and prof_non["prev_token_from_landmark"][0, h] >= 0.4]
     base = {"literal": accuracy(model, lit), "nonliteral": accuracy(model, non)}
-    single = single_head_ablation(model, {"literal": lit, "nonliteral": non}, "mean", means)
+    single_acc = (single_head_ablation(model, {"literal": lit, "nonliteral": non}, "mean", means)
+                  if single else None)
     groups: dict[str, dict[str, dict[str, float]]] = {}
     for gname, hs in (("literal_copy", lit_heads), ("nonliteral_writer", non_heads),
                       ("prev_token", prev)):
@@ -424,7 +451,8 @@ def ground_truth(
     numbers = {
         "n_prompts_per_task": n, "n_tokens": n_tokens, "seed": seed,
         "baseline": base, "group_ablation": groups,
-        "single_ablation_mean": {k: v.tolist() for k, v in single.items()},
+        "single_ablation_mean": ({k: v.tolist() for k, v in single_acc.items()}
+                                 if single_acc is not None else None),
         "patching_literal": p_lit["recovered"].tolist(),
         "patching_nonliteral": p_non["recovered"].tolist(),
         "attention_nonliteral": {k: v.tolist() for k, v in prof_non.items()},

@@ -21,9 +21,20 @@ from locos_tl.organisms.tasks import TASKS, BookFiller, default_book_dir, make_t
 EVAL_LENGTHS = (64, 128)
 N_EVAL = 300
 
+#: Per-organism card settings (by directory name): accuracy lengths, the length of the
+#: documented ground truth, and the lengths at which the mechanism is re-established.
+CARD_SETTINGS: dict[str, dict[str, Any]] = {
+    "retrieval-2l": {"lengths": (64, 128, 256, 512, 1024), "primary_length": 64,
+                     "mechanism_lengths": ()},
+    "retrieval-long": {"lengths": (512, 1024, 2048, 4096), "primary_length": 1024,
+                       "mechanism_lengths": (512, 1024, 2048, 4096), "n_eval": 200,
+                       "n_ground_truth": 100},
+}
+
 
 def measure_accuracy(
-    model: Any, book_dir: str | Path | None = None, n: int = N_EVAL
+    model: Any, book_dir: str | Path | None = None, n: int = N_EVAL,
+    lengths: tuple[int, ...] = EVAL_LENGTHS,
 ) -> dict[str, dict[str, float]]:
     """Greedy accuracy on held-out trials (default trial seed) per filler, length and task.
 
@@ -41,7 +52,7 @@ def measure_accuracy(
     for filler, src in (("synthetic", None), ("book", book)):
         if filler == "book" and src is None:
             continue
-        for T in EVAL_LENGTHS:
+        for T in lengths:
             out[f"{filler}@{T}"] = {
                 task: A.accuracy(model, make_trials(task, n, T, book=src)) for task in TASKS
             }
@@ -61,6 +72,43 @@ def _table(arr: Any, fmt: str = "{:.2f}") -> str:
     return "\n".join([head, sep, *rows])
 
 
+def _lr_text(cfg: dict[str, Any]) -> str:
+    if cfg.get("lr_schedule", "constant") == "cosine":
+        return (f"peak lr {cfg.get('lr')} (linear warmup {cfg.get('warmup')} steps, cosine "
+                "decay to 10 %)")
+    return f"constant lr {cfg.get('lr')} (no warmup or decay)"
+
+
+def _long_text(cfg: dict[str, Any]) -> str:
+    parts = []
+    if cfg.get("init_from"):
+        parts.append(f" Warm start from `{cfg['init_from']}`, layer map "
+                     f"{cfg.get('layer_map')} (a duplicated layer starts with its `o_proj` and "
+                     "`down_proj` divided by the number of copies, plus 1e-3 relative noise).")
+    if cfg.get("virtual_lengths"):
+        parts.append(" Skip-wise positions (PoSE, arXiv 2309.10400; "
+                     "`locos_tl.organisms.positions`): each row's position ids span a virtual "
+                     "length drawn up to (fraction of steps until, max) "
+                     f"{cfg['virtual_lengths']}, so distances up to `max_position_embeddings` "
+                     f"= {cfg.get('max_position')} are seen on short sequences.")
+    if cfg.get("long_every"):
+        parts.append(f" Every {cfg['long_every']}th step trains on real prompts of "
+                     f"{cfg.get('long_lengths')} tokens ({cfg.get('long_batch')} rows, "
+                     "consecutive positions) instead.")
+    if cfg.get("p_book"):
+        parts.append(f" {cfg['p_book']} of the task rows take their filler from the book "
+                     "text of `../shared/data/haystack`.")
+    return "".join(parts)
+
+
+def _secs(seconds: float | None) -> str:
+    return f"{seconds:.0f} s" if seconds else "n/a"
+
+
+def _load_name(name: str) -> str:
+    return f"locos_tl.organisms.organism_path({name!r})"
+
+
 def write_card(
     out_dir: str | Path,
     *,
@@ -70,6 +118,7 @@ def write_card(
     extra_sections: str = "",
     extra_json: dict[str, Any] | None = None,
     reuse: bool = False,
+    settings: dict[str, Any] | None = None,
 ) -> Path:
     """Measure the checkpoint in ``out_dir`` and write ``MODEL_CARD.md`` + ``ground_truth.json``.
 
@@ -81,13 +130,21 @@ def write_card(
         extra_sections: markdown appended at the end (e.g. detector comparisons).
         extra_json: more keys for ``ground_truth.json`` (e.g. detector results).
         reuse: take accuracies and ground truth from an existing ``ground_truth.json``
-            instead of measuring again (only the card text is rewritten).
+            instead of measuring again (only the card text is rewritten); the accuracy
+            table is measured again when it lacks one of the settings' lengths.
+        settings: ``lengths``, ``primary_length``, ``mechanism_lengths``, ``n_eval``,
+            ``n_ground_truth``; default :data:`CARD_SETTINGS` of the directory's name.
 
     Returns:
         Path of the card.
     """
     torch.set_num_threads(1)
     out = Path(out_dir)
+    st = {"lengths": EVAL_LENGTHS, "primary_length": 64, "mechanism_lengths": (),
+          "n_eval": N_EVAL, "n_ground_truth": 200}
+    st.update(CARD_SETTINGS.get(out.name, {}))
+    st.update(settings or {})
+    lengths = tuple(st["lengths"])
     log_path = out / "train_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     cfg = log.get("config", {})
@@ -103,15 +160,50 @@ def write_card(
                              ("literal_copy", "nonliteral_writer", "prev_token")],
                            numbers=gt_json["numbers"])
         acc = gt_json["accuracy"]
+        if any(f"synthetic@{T}" not in acc for T in lengths):
+            acc = measure_accuracy(model, book_dir, st["n_eval"], lengths)
+            gt_json["accuracy"] = acc
     else:
-        acc = measure_accuracy(model, book_dir)
-        gt = A.ground_truth(model)
+        acc = measure_accuracy(model, book_dir, st["n_eval"], lengths)
+        gt = A.ground_truth(model, n=st["n_ground_truth"], n_tokens=st["primary_length"])
         gt_json = {"literal_copy": gt.literal_copy, "nonliteral_writer": gt.nonliteral_writer,
                    "prev_token": gt.prev_token, "accuracy": acc, "numbers": gt.numbers,
                    "train_seconds": train_seconds, "command": command}
     if extra_json:
         gt_json.update(extra_json)
+    from locos_tl.organisms.lengths import lengths_section, mechanism_by_length, valid_range
+
+    mech_lengths = tuple(st["mechanism_lengths"])
+    if mech_lengths and (not reuse or "by_length" not in gt_json):
+        gt_json["by_length"] = mechanism_by_length(model, out, mech_lengths, gt,
+                                                   n=st["n_ground_truth"])
+    vr = valid_range(acc)
+    gt_json["valid_range"] = vr
     gt_path.write_text(json.dumps(gt_json, indent=1) + "\n")
+    by_length_md = lengths_section(gt_json["by_length"], gt) if "by_length" in gt_json else ""
+    tried = sorted({int(k.split("@")[1]) for k in acc})
+    if vr["max_valid"] is None:
+        range_md = (f"**Valid range: none of the measured lengths** ({tried}) reaches "
+                    f"literal >= {vr['literal']} and non-literal >= {vr['nonliteral']}.")
+    else:
+        range_md = (f"**Valid range: prompts of up to {vr['max_valid']} tokens** (every measured "
+                    f"length up to it reaches literal >= {vr['literal']} and non-literal >= "
+                    f"{vr['nonliteral']} on every filler; measured at {tried}"
+                    + (f"; fails at {vr['lengths_failed']}" if vr["lengths_failed"] else "")
+                    + "). Beyond it the documented ground truth does not hold: use "
+                    + ("`retrieval-long` for long prompts." if out.name != "retrieval-long"
+                       else "shorter prompts."))
+    single = gt.numbers.get("single_ablation_mean")
+    single_md = "" if not single else f"""
+### Single-head mean ablation, accuracy
+Literal:
+
+{_table(single['literal'])}
+
+Non-literal:
+
+{_table(single['nonliteral'])}
+"""
     N = gt.numbers
     size = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
     mc = model.config
@@ -151,14 +243,13 @@ the same)."""
 Command: `{command}` (= `locos train-organism`).
 Seed {cfg.get('seed')}, {cfg.get('steps')} AdamW steps, batch {cfg.get('batch_size')} task sequences
 + {cfg.get('aux_induction')} x batch auxiliary induction sequences (a random token sequence
-repeated; loss on the repeat), peak lr {cfg.get('lr')} (warmup {cfg.get('warmup')}, cosine to
-10 %), weight decay {cfg.get('weight_decay')}, head group-lasso {cfg.get('head_l1')}, one CPU
-thread; prompt-length curriculum (fraction of steps until, min, max tokens)
-{cfg.get('lengths')}; {cfg.get('n_questions')} questions per task sequence (the first about
-the needle, then one per distractor pair, random task each; {cfg.get('p_literal')} literal
-first questions); task loss only on answers and the final `</s>`. Training data stream:
-`numpy.random.default_rng([seed, 1_000_000])`; held-out trials use other seeds. Wall clock:
-{f'{train_seconds:.0f} s' if train_seconds else 'n/a'}."""
+repeated; loss on the repeat), {_lr_text(cfg)}, weight decay {cfg.get('weight_decay')}, head
+group-lasso {cfg.get('head_l1')}, one CPU thread; prompt-length curriculum (fraction of steps
+until, min, max tokens) {cfg.get('lengths')}; {cfg.get('n_questions')} questions per task
+sequence (the first about the needle, then one per distractor pair, random task each;
+{cfg.get('p_literal')} literal first questions); task loss only on answers and the final
+`</s>`.{_long_text(cfg)} Training data stream: `numpy.random.default_rng([seed, 1_000_000])`;
+held-out trials use other seeds. Wall clock: {_secs(train_seconds)}."""
     spec = cfg.get("spec") or {"n_pairs": [2, 3], "n_lone_names": [3, 6],
                                "n_lone_landmarks": [1, 3], "unk_rate": 0.12}
     text = f"""# Model organism `{out.name}`
@@ -177,7 +268,7 @@ head_dim {mc.head_dim}, SwiGLU MLP width {mc.intermediate_size}, RMSNorm + QK-no
 positions ({getattr(mc, "rope_parameters", None)}), {'tied' if mc.tie_word_embeddings else 'untied'}
 embeddings, vocabulary {mc.vocab_size} word tokens (`PreTrainedTokenizerFast`, word level,
 whitespace split, `<s>` prepended, unknown -> `<unk>`). Files: {size / 1e6:.2f} MB. Loads with
-`locos_tl.load_model(locos_tl.organisms.DEFAULT_ORGANISM)` and
+`locos_tl.load_model({_load_name(out.name)})` and
 `transformers.AutoModelForCausalLM.from_pretrained`.
 
 ## Tasks (one context format)
@@ -200,10 +291,12 @@ the needle span is the 2-token `NAME LANDMARK`.
 
 {training}
 
-## Accuracy (greedy, held-out, {N_EVAL} trials per cell)
+## Accuracy (greedy, held-out, {st['n_eval']} trials per cell)
 | filler | prompt tokens | literal | non-literal |
 |---|---|---|---|
 {acc_rows}
+
+{range_md}
 
 ## Causal ground truth (plain PyTorch hooks on the HF model; independent of LOCOS)
 Measured on {N['n_prompts_per_task']} held-out prompts per task of {N['n_tokens']} tokens
@@ -254,15 +347,7 @@ Layer-0 previous-token attention from landmark positions:
 
 {_table([an['prev_token_from_landmark'][0]])}
 
-### Single-head mean ablation, accuracy
-Literal:
-
-{_table(N['single_ablation_mean']['literal'])}
-
-Non-literal:
-
-{_table(N['single_ablation_mean']['nonliteral'])}
-{extra_sections}
+{single_md}{by_length_md}{extra_sections}
 """
     path = out / "MODEL_CARD.md"
     path.write_text(text)
@@ -270,12 +355,14 @@ Non-literal:
 
 
 def detector_check(
-    out_dir: str | Path, n_trials: int = 60, n_eval: int = 200, ks: tuple[int, ...] = (1, 2, 3)
+    out_dir: str | Path, n_trials: int = 60, n_eval: int = 200, ks: tuple[int, ...] = (1, 2, 3),
+    n_tokens: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """LOCOS vs Wu copy score on the organism's non-literal trials, with top-k ablation.
 
     Scores heads with :func:`locos_tl.score_trials` (``methods=["locos", "wu"]``) on
-    ``n_trials`` non-literal trials (64 tokens, seed 2024), then zero-ablates each
+    ``n_trials`` non-literal trials (``n_tokens`` tokens, default the card's primary
+    length, seed 2024), then zero-ablates each
     method's top-k heads (``output_zero``, :func:`locos_tl.ablation.ablate`) and measures
     greedy accuracy on ``n_eval`` fresh non-literal and literal trials (seed 31).
 
@@ -286,17 +373,22 @@ def detector_check(
     from locos_tl.ablation import ablate
     from locos_tl.organisms.vocab import token_to_id
 
+    T = n_tokens or CARD_SETTINGS.get(Path(out_dir).name, {}).get("primary_length", 64)
     bridge = load_model(out_dir, device="cpu")
-    trials = make_trials("nonliteral", n_trials, 64, seed=2024)
+    trials = make_trials("nonliteral", n_trials, T, seed=2024)
     sc = score_trials(bridge, trials, methods=["locos", "wu"], progress=False)
     t2i = token_to_id()
-    non = make_trials("nonliteral", n_eval, 64, seed=31)
-    lit = make_trials("literal", n_eval, 64, seed=31)
+    non = make_trials("nonliteral", n_eval, T, seed=31)
+    lit = make_trials("literal", n_eval, T, seed=31)
 
     @torch.no_grad()
     def acc(ts: list) -> float:
-        lg = bridge(torch.tensor([list(t.tokens) for t in ts]))[:, -1]
-        return float((lg.argmax(-1) == torch.tensor([t2i[t.answer] for t in ts])).float().mean())
+        hits = 0
+        for i in range(0, len(ts), max(1, 8192 // T)):
+            chunk = ts[i : i + max(1, 8192 // T)]
+            lg = bridge(torch.tensor([list(t.tokens) for t in chunk]))[:, -1]
+            hits += int((lg.argmax(-1) == torch.tensor([t2i[t.answer] for t in chunk])).sum())
+        return hits / len(ts)
 
     base = {"nonliteral": acc(non), "literal": acc(lit)}
     rows, rec = [], {"base": base, "scores": {m: sc[m].scores.tolist() for m in sc}, "topk": {}}
@@ -317,7 +409,7 @@ def detector_check(
                         f"({a_non - base['nonliteral']:+.2f}) | {a_lit:.2f} |")
     md = f"""
 ## Detectors on this organism (LOCOS vs Wu copy score)
-`locos_tl.score_trials(model, make_trials("nonliteral", {n_trials}, 64, seed=2024),
+`locos_tl.score_trials(model, make_trials("nonliteral", {n_trials}, {T}, seed=2024),
 methods=["locos", "wu"])` (raw variant). Then each method's top-k heads are zero-ablated
 (`output_zero`) and greedy accuracy is measured on {n_eval} fresh trials per task (seed 31);
 baseline non-literal {base['nonliteral']:.2f}, literal {base['literal']:.2f}. Ties (e.g. all-zero

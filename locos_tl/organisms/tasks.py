@@ -254,6 +254,8 @@ def training_batch(
     p_literal: float = 0.5,
     n_questions: int = 2,
     eos_each: bool = False,
+    book: BookFiller | None = None,
+    p_book: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A batch of training sequences and the positions whose next token is trained.
 
@@ -262,6 +264,7 @@ def training_batch(
     is followed by ``</s>``, so generation stops right after the answer): the first question
     is the trial format (about the needle), further questions ask about the distractor
     pairs (each pair once, random task). ``spec.n_pairs[0]`` must be >= ``n_questions``.
+    With ``book``, a fraction ``p_book`` of the rows takes its filler from real book text.
 
     Returns:
         ``(ids, targets_pos)``: int64 ``[batch, total]``; int64 positions ``p`` whose
@@ -276,7 +279,8 @@ def training_batch(
     ids = np.empty((batch_size, total), dtype=np.int64)
     for b in range(batch_size):
         task: Task = "literal" if rng.random() < p_literal else "nonliteral"
-        ex = make_example(rng, n_tokens, task, spec)
+        use_book = book is not None and p_book > 0 and rng.random() < p_book
+        ex = make_example(rng, n_tokens, task, spec, book if use_book else None)
         seq = ex.ids + [ex.answer_id] + ([t.eos] if eos_each else [])
         for q, a in ex.extra_questions[: n_questions - 1]:
             seq += q + [a] + ([t.eos] if eos_each else [])
@@ -318,7 +322,7 @@ def example_to_trial(ex: Example, meta: dict | None = None) -> Trial:
     vl = V.vocab_list()
     words = [vl[i] for i in ex.ids[1:]]
     m = {"task": ex.task, "name": ex.name, "landmark": ex.landmark, "city": ex.city,
-         "n_tokens": len(ex.ids)}
+         "n_tokens": len(ex.ids), "query_start": len(ex.ids) - 2}  # the `Q` token
     m.update(meta or {})
     return Trial(tokens=tuple(ex.ids), needle_span=ex.needle_span, answer=vl[ex.answer_id],
                  prompt=" ".join(words), meta=m)

@@ -15,7 +15,7 @@ import json
 import math
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +23,16 @@ import numpy as np
 import torch
 
 from locos_tl.organisms import vocab as V
-from locos_tl.organisms.tasks import ContextSpec, induction_batch, make_example, training_batch
+from locos_tl.organisms.positions import skip_positions
+from locos_tl.organisms.tasks import (
+    ContextSpec,
+    ids_table,
+    induction_batch,
+    make_example,
+    training_batch,
+)
+
+_REPO = Path(__file__).resolve().parents[2]
 
 
 @dataclass
@@ -34,8 +43,8 @@ class TrainConfig:
         seed: master seed (torch init and the data stream ``[seed, 1_000_000]``).
         steps: optimiser steps.
         batch_size: sequences per step.
-        lr: peak AdamW learning rate (linear warmup, cosine decay to 10 %).
-        warmup: warmup steps.
+        lr: AdamW learning rate (the peak one with ``lr_schedule="cosine"``).
+        warmup: warmup steps (``lr_schedule="cosine"`` only).
         weight_decay: AdamW weight decay.
         lengths: curriculum ``[(fraction_of_steps_until, min_len, max_len), ...]``;
             each step draws its prompt length uniformly from the current range.
@@ -50,6 +59,26 @@ class TrainConfig:
             fraction of ``batch_size`` (loss on the repeated half, weight 1).
         head_l1: group-lasso coefficient on each head's ``o_proj`` column block
             (``sum_h ||W_O[:, h]||_F``); pushes each function onto few heads.
+        max_position: ``max_position_embeddings`` of the checkpoint.
+        virtual_lengths: skip-wise position curriculum ``[(fraction_of_steps_until,
+            max_virtual_len), ...]`` (:mod:`~locos_tl.organisms.positions`): each task row's
+            position ids span a virtual length drawn uniformly from ``[real, max]``;
+            ``None``: consecutive positions.
+        init_from: warm start: a checkpoint directory of the same width (e.g. the shipped
+            ``retrieval-2l``); ``None``: random init from ``seed``.
+        layer_map: with ``init_from``: the source layer of each new layer (``[0, 1, 1]``
+            grows 2 layers to 3 by duplicating layer 1; duplicated layers start with their
+            ``o_proj`` and ``down_proj`` divided by the number of copies).
+        long_every: every ``long_every``-th step trains on real long prompts instead
+            (lengths ``long_lengths``, ``long_batch`` rows, consecutive positions); 0: never.
+        eval_lengths: prompt lengths of the held-out accuracy printed every ``eval_every``.
+        checkpoint_every: steps between resumable checkpoints (``checkpoint.pt`` in the
+            output directory: model, optimiser, data stream, history); 0: none.
+        p_book: fraction of task rows whose filler is real book text (from ``book_dir``,
+            default ``../shared/data/haystack``; the file names are recorded).
+        book_dir: directory of ``*.txt`` books for ``p_book``.
+        lr_schedule: ``"constant"`` (``lr`` throughout: how ``retrieval-2l`` was trained)
+            or ``"cosine"`` (linear warmup over ``warmup`` steps, cosine decay to 10 %).
     """
 
     seed: int = 0
@@ -75,6 +104,18 @@ class TrainConfig:
     head_l1: float = 0.0
     aux_induction: float = 0.5
     threads: int = 1
+    max_position: int = 1024
+    virtual_lengths: list[tuple[float, int]] | None = None
+    init_from: str | None = None
+    layer_map: list[int] | None = None
+    long_every: int = 0
+    long_lengths: tuple[int, int] = (512, 1024)
+    long_batch: int = 8
+    eval_lengths: tuple[int, ...] = (64, 128)
+    checkpoint_every: int = 0
+    lr_schedule: str = "constant"
+    p_book: float = 0.0
+    book_dir: str | None = None
 
 
 def model_config(cfg: TrainConfig) -> Any:
@@ -90,7 +131,7 @@ def model_config(cfg: TrainConfig) -> Any:
         num_attention_heads=cfg.n_heads,
         num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.d_head,
-        max_position_embeddings=1024,
+        max_position_embeddings=cfg.max_position,
         rope_theta=10000.0,
         tie_word_embeddings=True,
         bos_token_id=t2i[V.BOS],
@@ -110,7 +151,7 @@ def _length_range(cfg: TrainConfig, step: int) -> tuple[int, int]:
 
 @torch.no_grad()
 def quick_accuracy(model: Any, n_tokens: int, n: int = 128, seed: int = 99,
-                   spec: ContextSpec | None = None) -> dict[str, float]:
+                   spec: ContextSpec | None = None, chunk: int = 32) -> dict[str, float]:
     """Greedy next-token accuracy of an HF model on fresh examples, per task.
 
     Returns:
@@ -121,33 +162,122 @@ def quick_accuracy(model: Any, n_tokens: int, n: int = 128, seed: int = 99,
     for ti, task in enumerate(("literal", "nonliteral")):
         rng = np.random.default_rng([seed, ti, n_tokens])
         exs = [make_example(rng, n_tokens, task, spec) for _ in range(n)]
-        ids = torch.tensor([e.ids for e in exs])
-        logits = model(input_ids=ids).logits[:, -1]
-        ans = torch.tensor([e.answer_id for e in exs])
-        out[task] = float((logits.argmax(-1) == ans).float().mean())
+        hits = 0
+        for i in range(0, n, chunk):
+            ids = torch.tensor([e.ids for e in exs[i : i + chunk]])
+            logits = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[:, -1]
+            ans = torch.tensor([e.answer_id for e in exs[i : i + chunk]])
+            hits += int((logits.argmax(-1) == ans).sum())
+        out[task] = hits / n
     return out
 
 
+def _virtual_max(cfg: TrainConfig, step: int) -> int | None:
+    if not cfg.virtual_lengths:
+        return None
+    frac = step / max(cfg.steps, 1)
+    for until, hi in cfg.virtual_lengths:
+        if frac < until:
+            return int(hi)
+    return int(cfg.virtual_lengths[-1][1])
+
+
+def _positions(np_rng: np.random.Generator, ids: np.ndarray, n_task: int, n_prompt: int,
+               vmax: int | None) -> np.ndarray:
+    """Position ids ``[rows, total]``: skip-wise for every row when ``vmax`` is set."""
+    rows, total = ids.shape
+    pos = np.broadcast_to(np.arange(total, dtype=np.int64), (rows, total)).copy()
+    if vmax is None or vmax <= total:
+        return pos
+    t = ids_table()
+    entity = np.isin(ids, np.concatenate([t.names, t.landmarks]))
+    for r in range(rows):
+        target = int(np_rng.integers(total, vmax + 1))
+        forbidden = np.zeros(total, dtype=bool)
+        forbidden[1:] = entity[r, :-1]  # never cut right after an entity token
+        last = n_prompt - 2 if r < n_task else None
+        pos[r] = skip_positions(np_rng, total, target, forbidden=forbidden, last_boundary=last)
+    return pos
+
+
+def build_model(cfg: TrainConfig) -> Any:
+    """The initial ``Qwen3ForCausalLM``: random from ``cfg.seed``, or warm-started.
+
+    Raises:
+        ValueError: ``init_from`` has another width/head layout, or ``layer_map`` names a
+            layer it does not have.
+    """
+    from transformers import Qwen3ForCausalLM
+
+    torch.manual_seed(cfg.seed)
+    mcfg = model_config(cfg)
+    mcfg._attn_implementation = "sdpa"
+    model = Qwen3ForCausalLM(mcfg)
+    if cfg.init_from is None:
+        return model
+    init = Path(cfg.init_from)
+    if not init.is_absolute() and not init.exists():
+        init = _REPO / init  # preset paths are relative to the repository root
+    src = Qwen3ForCausalLM.from_pretrained(init)
+    sc = src.config
+    for k in ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+              "intermediate_size", "vocab_size"):
+        if getattr(sc, k) != getattr(mcfg, k):
+            raise ValueError(f"init_from {cfg.init_from}: {k}={getattr(sc, k)} but the run "
+                             f"asks for {getattr(mcfg, k)}")
+    lmap = list(cfg.layer_map or range(cfg.n_layers))
+    if len(lmap) != cfg.n_layers or not all(0 <= i < sc.num_hidden_layers for i in lmap):
+        raise ValueError(f"layer_map {lmap} must list {cfg.n_layers} source layers in "
+                         f"0..{sc.num_hidden_layers - 1}")
+    model.model.embed_tokens.load_state_dict(src.model.embed_tokens.state_dict())
+    model.model.norm.load_state_dict(src.model.norm.state_dict())
+    gen = torch.Generator().manual_seed(cfg.seed)
+    with torch.no_grad():
+        for i, j in enumerate(lmap):
+            layer = model.model.layers[i]
+            layer.load_state_dict(src.model.layers[j].state_dict())
+            copies = lmap.count(j)
+            if copies > 1:
+                for w in (layer.self_attn.o_proj.weight, layer.mlp.down_proj.weight):
+                    w.div_(copies)
+                    w.add_(torch.randn(w.shape, generator=gen) * 1e-3 * w.std())
+    model.tie_weights()
+    return model
+
+
+def _checkpoint_path(out_dir: str | Path | None) -> Path | None:
+    return None if out_dir is None else Path(out_dir) / "checkpoint.pt"
+
+
+def _save_checkpoint(path: Path, cfg: TrainConfig, model: Any, opt: Any, np_rng: Any,
+                     step: int, history: list, run_loss: float, seconds: float) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"config": _jsonable(asdict(cfg)), "model": model.state_dict(),
+                "opt": opt.state_dict(), "np_rng": np_rng.bit_generator.state,
+                "torch_rng": torch.get_rng_state(), "step": step, "history": history,
+                "run_loss": run_loss, "seconds": seconds}, tmp)
+    tmp.replace(path)
+
+
 def train(cfg: TrainConfig, out_dir: str | Path | None = None, log=print) -> dict[str, Any]:
-    """Train the organism; optionally save it.
+    """Train the organism; optionally save it. Resumes from ``out_dir/checkpoint.pt``.
 
     Args:
         cfg: run configuration.
-        out_dir: directory for ``save_pretrained`` (model, tokenizer, ``train_log.json``);
-            ``None``: do not save.
+        out_dir: directory for ``save_pretrained`` (model, tokenizer, ``train_log.json``)
+            and the resumable checkpoint; ``None``: do not save.
         log: callable taking one string (progress lines).
 
     Returns:
         ``{"model": Qwen3ForCausalLM, "history": [...], "seconds": float, "final": {...}}``.
-    """
-    from transformers import Qwen3ForCausalLM
 
+    Raises:
+        ValueError: the checkpoint in ``out_dir`` belongs to another configuration.
+    """
     torch.set_num_threads(cfg.threads)
-    torch.manual_seed(cfg.seed)
     np_rng = np.random.default_rng([cfg.seed, 1_000_000])
-    mcfg = model_config(cfg)
-    mcfg._attn_implementation = "sdpa"
-    model = Qwen3ForCausalLM(mcfg)
+    model = build_model(cfg)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.ndim < 2]
@@ -163,21 +293,51 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, log=print) -> dic
         p = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
         return cfg.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
 
+    book = None
+    if cfg.p_book > 0:
+        from locos_tl.organisms.tasks import BookFiller, default_book_dir
+
+        book = BookFiller.from_dir(cfg.book_dir or default_book_dir())
     history: list[dict[str, Any]] = []
-    t0 = time.time()
-    run_loss = 0.0
-    for step in range(cfg.steps):
-        lo, hi = _length_range(cfg, step)
+    start, run_loss, done_s = 0, 0.0, 0.0
+    ckpt = _checkpoint_path(out_dir) if cfg.checkpoint_every else None
+    if ckpt is not None and ckpt.is_file():
+        st = torch.load(ckpt, weights_only=False)
+        if st["config"] != _jsonable(asdict(cfg)):
+            raise ValueError(f"{ckpt} was written by another configuration; remove it or "
+                             "train into another --out")
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        np_rng.bit_generator.state = st["np_rng"]
+        torch.set_rng_state(st["torch_rng"])
+        start, history, run_loss, done_s = st["step"], st["history"], st["run_loss"], st["seconds"]
+        log(f"resuming from {ckpt} at step {start}")
+    t0 = time.time() - done_s
+    for step in range(start, cfg.steps):
+        if cfg.lr_schedule == "cosine":
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step)
+        long_step = cfg.long_every > 0 and (step + 1) % cfg.long_every == 0
+        if long_step:
+            lo, hi = cfg.long_lengths
+            B = cfg.long_batch
+        else:
+            lo, hi = _length_range(cfg, step)
+            B = cfg.batch_size
         n_tok = int(np_rng.integers(lo, hi + 1))
-        ids, pos = training_batch(np_rng, cfg.batch_size, n_tok, cfg.spec, cfg.p_literal,
-                                  cfg.n_questions, cfg.eos_each)
-        n_aux = int(round(cfg.aux_induction * cfg.batch_size))
+        ids, pos = training_batch(np_rng, B, n_tok, cfg.spec, cfg.p_literal,
+                                  cfg.n_questions, cfg.eos_each, book, cfg.p_book)
+        n_aux = int(round(cfg.aux_induction * B))
         if n_aux:
             ids = np.concatenate([ids, induction_batch(np_rng, n_aux, ids.shape[1])])
+        vmax = None if long_step else _virtual_max(cfg, step)
+        if vmax is not None:
+            vmax = min(vmax, cfg.max_position)
+        position_ids = _positions(np_rng, ids, B, n_tok, vmax)
         ids_t = torch.from_numpy(ids)
         pos_t = torch.from_numpy(pos)
-        B = cfg.batch_size
-        hidden = model.model(input_ids=ids_t).last_hidden_state
+        hidden = model.model(input_ids=ids_t, attention_mask=torch.ones_like(ids_t),
+                             position_ids=torch.from_numpy(position_ids)).last_hidden_state
         # task rows: only the answers and the final </s> are trained
         logits = model.lm_head(hidden[:B, pos_t])
         target = ids_t[:B, pos_t + 1]
@@ -186,9 +346,9 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, log=print) -> dic
         if n_aux:
             # repeat of r starts at position len(r) + 1; its 2nd token is the first
             # one predictable by induction (from position len(r) + 1)
-            start = ids.shape[1] // 2 + 1
-            aux_logits = model.lm_head(hidden[B:, start:-1])
-            aux_t = ids_t[B:, start + 1 :]
+            start_aux = ids.shape[1] // 2 + 1
+            aux_logits = model.lm_head(hidden[B:, start_aux:-1])
+            aux_t = ids_t[B:, start_aux + 1 :]
             loss = loss + torch.nn.functional.cross_entropy(
                 aux_logits.reshape(-1, aux_logits.shape[-1]), aux_t.reshape(-1))
         ce = float(loss.detach())
@@ -206,18 +366,23 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, log=print) -> dic
         run_loss += ce
         if (step + 1) % cfg.eval_every == 0 or step + 1 == cfg.steps:
             model.eval()
-            acc64 = quick_accuracy(model, 64, spec=cfg.spec)
-            acc128 = quick_accuracy(model, 128, spec=cfg.spec)
+            rec: dict[str, Any] = {"step": step + 1, "loss": run_loss / cfg.eval_every}
+            for n_eval in cfg.eval_lengths:
+                rec[f"acc{n_eval}"] = quick_accuracy(model, n_eval, n=128 if n_eval <= 256
+                                                     else 64, spec=cfg.spec)
+            rec["seconds"] = round(time.time() - t0, 1)
             model.train()
-            rec = {"step": step + 1, "loss": run_loss / cfg.eval_every,
-                   "acc64": acc64, "acc128": acc128, "seconds": round(time.time() - t0, 1)}
             history.append(rec)
             log(json.dumps(rec))
             run_loss = 0.0
+        if ckpt is not None and (step + 1) % cfg.checkpoint_every == 0:
+            _save_checkpoint(ckpt, cfg, model, opt, np_rng, step + 1, history, run_loss,
+                             time.time() - t0)
     model.eval()
     seconds = time.time() - t0
-    final = {"acc64": quick_accuracy(model, 64, n=256, seed=7, spec=cfg.spec),
-             "acc128": quick_accuracy(model, 128, n=256, seed=7, spec=cfg.spec)}
+    final = {f"acc{n_eval}": quick_accuracy(model, n_eval, n=256 if n_eval <= 256 else 128,
+                                            seed=7, spec=cfg.spec)
+             for n_eval in cfg.eval_lengths}
     result = {"model": model, "history": history, "seconds": seconds, "final": final}
     if out_dir is not None:
         save(model, cfg, out_dir, history=history, seconds=seconds, final=final)
@@ -246,12 +411,36 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+def _preset_long() -> TrainConfig:
+    """``retrieval-long``: ``retrieval-2l`` grown to 3 layers (layer 1 duplicated), trained on
+    128-384-token prompts whose skip-wise positions span up to 4096, every 4th step on
+    real 512-1536-token prompts, 30 % book filler."""
+    return TrainConfig(
+        steps=2400, batch_size=32, lr=1e-3, warmup=100, lr_schedule="cosine",
+        lengths=[(1.0, 128, 384)], virtual_lengths=[(0.3, 2048), (1.0, 4096)],
+        n_layers=3, init_from="data/organisms/retrieval-2l", layer_map=[0, 1, 1],
+        max_position=4096, long_every=4, long_lengths=(512, 1536), long_batch=6,
+        p_book=0.3, eval_lengths=(128, 1024, 2048), eval_every=200, checkpoint_every=50,
+    )
+
+
+#: Named training configurations: the shipped organisms are ``PRESETS[name]``.
+PRESETS = {"retrieval-2l": TrainConfig, "retrieval-long": _preset_long}
+
+
 def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Namespace]:
-    """Command-line flags -> :class:`TrainConfig` (defaults = the shipped organism)."""
-    d = TrainConfig()
+    """Command-line flags -> :class:`TrainConfig` (defaults: the ``--preset``, by default
+    the shipped ``retrieval-2l``; a flag given overrides the preset's value)."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", choices=sorted(PRESETS), default="retrieval-2l")
+    known, _ = pre.parse_known_args(argv)
+    d = PRESETS[known.preset]()
     ap = argparse.ArgumentParser(prog="python -m locos_tl.organisms.train",
                                  description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=None, help="output directory (default: the shipped dir)")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default="retrieval-2l",
+                    help="named configuration (the shipped organisms)")
+    ap.add_argument("--out", default=None,
+                    help="output directory (default: data/organisms/<preset>)")
     ap.add_argument("--seed", type=int, default=d.seed)
     ap.add_argument("--steps", type=int, default=d.steps)
     ap.add_argument("--batch-size", type=int, default=d.batch_size)
@@ -265,22 +454,23 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     ap.add_argument("--aux-induction", type=float, default=d.aux_induction)
     ap.add_argument("--head-l1", type=float, default=d.head_l1)
     ap.add_argument("--eval-every", type=int, default=d.eval_every)
+    ap.add_argument("--long-every", type=int, default=d.long_every)
+    ap.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     ap.add_argument("--no-card", action="store_true", help="skip the causal analysis + card")
     a = ap.parse_args(argv)
-    cfg = TrainConfig(seed=a.seed, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
-                      n_layers=a.n_layers, n_kv_heads=a.n_kv_heads, d_head=a.d_head,
-                      d_mlp=a.d_mlp, eval_every=a.eval_every, head_l1=a.head_l1,
-                      aux_induction=a.aux_induction, p_literal=a.p_literal,
-                      eos_each=a.eos_each)
+    cfg = replace(d, seed=a.seed, steps=a.steps, batch_size=a.batch_size, lr=a.lr,
+                  n_layers=a.n_layers, n_kv_heads=a.n_kv_heads, d_head=a.d_head,
+                  d_mlp=a.d_mlp, eval_every=a.eval_every, head_l1=a.head_l1,
+                  aux_induction=a.aux_induction, p_literal=a.p_literal,
+                  eos_each=a.eos_each, long_every=a.long_every,
+                  checkpoint_every=a.checkpoint_every)
     return cfg, a
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: train, save, then (unless ``--no-card``) analyse and write the card."""
     cfg, a = parse_args(argv)
-    from locos_tl.organisms import DEFAULT_ORGANISM
-
-    out = Path(a.out) if a.out else Path(DEFAULT_ORGANISM)
+    out = Path(a.out) if a.out else _REPO / "data" / "organisms" / a.preset
     command = "python -m locos_tl.organisms.train " + " ".join(
         sys.argv[1:] if argv is None else argv)
     res = train(cfg, out, log=lambda s: print(s, flush=True))  # noqa: T201

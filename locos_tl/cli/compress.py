@@ -1,0 +1,352 @@
+"""``locos compress``: accuracy under head-guided KV-cache compression.
+
+For each head ranking (a ``locos score`` run directory gives one ranking per method it
+holds: LOCOS, Wu, HeadKV, ...) and each retained fraction of the KV cache, the trials'
+context is prefilled, its cache compressed per unit (full cache for the top-ranked
+units, attention sinks plus a recent window for the others), the question run through
+the compressed cache, and the answer decoded greedily
+(:func:`locos_tl.compress.compression_sweep`; protocol in ``docs/compression.md``).
+
+Writes ``compression.csv`` (one row per ranking, allocation, fraction and trial,
+appended trial by trial, so an interrupted run resumes where it stopped),
+``meta.json`` (provenance) and ``compression.html`` (:func:`locos_tl.plot.
+compression_curves`), and prints accuracy per ranking x fraction x task.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from locos_tl.cli import app
+from locos_tl.cli._common import (
+    ClickContext,
+    check_choice,
+    check_dtype,
+    fail,
+    note_resume,
+    resumable,
+    write_figure,
+)
+from locos_tl.errors import LocosError
+
+CSV_FILE = "compression.csv"
+META_FILE = "meta.json"
+FIGURE_FILE = "compression.html"
+DEFAULT_FRACTIONS = "0.02,0.05,0.1,0.2,0.5,1.0"
+#: Controls swept beside the rankings (budgets that use no head score).
+CONTROLS = ("uniform", "random")
+
+
+def parse_fractions(text: str) -> list[float]:
+    """``"0.02,0.1,1"`` -> ``[0.02, 0.1, 1.0]``, each in ``(0, 1]``, without repeats.
+
+    Raises:
+        typer.BadParameter: a part is no number or lies outside ``(0, 1]``, or none given.
+    """
+    out: list[float] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            f = float(part)
+        except ValueError:
+            raise typer.BadParameter(f"{part!r} is not a number (give retained fractions "
+                                     "such as 0.02,0.1,1)", param_hint="'--fractions'") from None
+        if not 0.0 < f <= 1.0:
+            raise typer.BadParameter(f"{part} is outside (0, 1]: a fraction of the KV cache "
+                                     "(0.1 = keep 10 %)", param_hint="'--fractions'")
+        if f not in out:
+            out.append(f)
+    if not out:
+        raise typer.BadParameter("no fraction given", param_hint="'--fractions'")
+    return out
+
+
+def parse_controls(text: str) -> list[str]:
+    """``"uniform,random"`` -> the controls to sweep (``""`` or ``"none"``: none).
+
+    Raises:
+        typer.BadParameter: an unknown control.
+    """
+    names = [c.strip() for c in text.split(",") if c.strip() and c.strip() != "none"]
+    for c in names:
+        check_choice(c, CONTROLS, "--include")
+    return list(dict.fromkeys(names))
+
+
+def load_rankings(specs: list[str]) -> dict[str, Any]:
+    """``--heads`` values -> ``{name: HeadScores}``, one ranking per method a directory
+    holds.
+
+    A value is ``DIR`` or ``NAME=DIR``. A ``locos score`` run directory with several
+    methods gives one ranking per method (``locos``, ``wu``, ``headkv``; named
+    ``NAME:method`` under ``NAME=``); any other directory
+    :func:`locos_tl.rundir.load_head_scores` reads (a method folder, a ``HeadScores.save``
+    directory, a reference ``heads.json``) gives one, named by its method (or ``NAME``).
+    Repeated names get the directory name appended.
+
+    Raises:
+        FileNotFoundError: a directory that does not exist or holds no head scores.
+        LocosError: an unfinished run, or a ranking that ranks nothing (no accepted
+            trial, or every score 0).
+    """
+    from locos_tl.rundir import load_head_scores, run_methods
+
+    out: dict[str, Any] = {}
+    for spec in specs:
+        name, _, d = spec.rpartition("=") if "=" in spec else ("", "", spec)
+        path = Path(d)
+        methods = run_methods(path)
+        try:
+            found = ([(m, load_head_scores(path, m)) for m in methods] if methods
+                     else [(None, load_head_scores(path))])
+        except FileNotFoundError as exc:
+            raise FileNotFoundError(f"--heads {spec!r}: {exc}") from None
+        for method, hs in found:
+            key = (f"{name}:{method}" if name and len(found) > 1 else name) or hs.method
+            if key in out:
+                key = f"{key}:{path.name}"
+            if hs.n_trials == 0:
+                raise LocosError(f"ranking {key!r} ({path}) has no accepted trial: its "
+                                 "scores are all NaN")
+            if hs.all_zero:
+                raise LocosError(f"ranking {key!r} ({path}): every {hs.method} score is 0, "
+                                 "so it ranks nothing (its order would be the heads' index "
+                                 "order); score other trials or leave it out")
+            out[key] = hs
+    if not out:
+        raise LocosError("no ranking given (--heads)")
+    return out
+
+
+def check_query_starts(paths: list[Path], query_start: int | None) -> None:
+    """Refuse, before the model loads, trials that carry no ``meta.query_start`` when
+    ``--query-start`` is not given (reads the JSON lines only).
+
+    Raises:
+        LocosError: a record without ``meta.query_start`` (names the file and line).
+    """
+    if query_start is not None:
+        return
+    for path in paths:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                meta = json.loads(line).get("meta") or {}
+            except (ValueError, AttributeError):
+                continue  # load_trials names a malformed line
+            if "query_start" not in meta:
+                raise LocosError(
+                    f"{path}:{i}: the trial has no meta.query_start (where its question "
+                    "starts; organism trials carry it): pass --query-start N (the first "
+                    "question position; negative counts from the prompt's end)")
+
+
+def with_query_start(trials: list[Any], query_start: int | None) -> list[Any]:
+    """The trials with ``meta["query_start"]`` set from ``--query-start`` (negative:
+    counted from each prompt's end), or unchanged when it is None."""
+    import dataclasses
+
+    if query_start is None:
+        return trials
+    out = []
+    for t in trials:
+        qs = query_start if query_start >= 0 else t.n_tokens + query_start
+        out.append(dataclasses.replace(t, meta={**(t.meta or {}), "query_start": int(qs)}))
+    return out
+
+
+def ranking_hash(hs: Any) -> str:
+    """SHA-256 (16 hex digits) of a ranking's scores, to tell runs apart."""
+    import hashlib
+
+    import numpy as np
+
+    arr = np.ascontiguousarray(hs.scores.detach().cpu().numpy().astype(np.float64))
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
+
+
+def check_compress_resume(out: Path, settings: dict[str, Any]) -> None:
+    """Refuse a run directory that holds a run with other settings (model, trials,
+    rankings, fractions, unit, ...), before anything is written.
+
+    Raises:
+        LocosError: naming the settings that differ.
+    """
+    meta_path = out / META_FILE
+    if not (meta_path.exists() and (out / CSV_FILE).exists()):
+        return
+    try:
+        old = json.loads(meta_path.read_text()).get("settings", {})
+    except ValueError:
+        raise LocosError(f"{meta_path} is not valid JSON; use a new --out") from None
+    diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    if diff:
+        raise LocosError(f"{out} holds a compression run with other settings "
+                         f"({', '.join(diff)}); use a new --out directory")
+
+
+def done_trials(out: Path) -> set[str]:
+    """Trial ids whose rows ``compression.csv`` already holds."""
+    import pandas as pd
+
+    path = out / CSV_FILE
+    if not path.exists() or path.stat().st_size == 0:
+        return set()
+    return set(pd.read_csv(path, usecols=["trial"], dtype=str)["trial"])
+
+
+def summary_table(df: Any) -> Any:
+    """Accuracy per ranking (x allocation) x fraction, one column per task, plus the
+    mean retained share of the cache and of its bytes."""
+    cols = ["ranking", "allocation", "fraction"]
+    acc = df.pivot_table(index=cols, columns="task", values="correct", aggfunc="mean")
+    acc.columns = [f"acc {c}" for c in acc.columns]
+    kept = df.groupby(cols).agg(kept=("retained_fraction", "mean"),
+                                kv_bytes=("kv_bytes", "sum"),
+                                full_kv_bytes=("full_kv_bytes", "sum"))
+    kept["bytes kept"] = kept.pop("kv_bytes") / kept.pop("full_kv_bytes")
+    order = {r: i for i, r in enumerate(dict.fromkeys(df["ranking"]))}
+    table = acc.join(kept).reset_index()
+    return table.sort_values(["ranking", "allocation", "fraction"],
+                             key=lambda c: c.map(order) if c.name == "ranking" else c)
+
+
+@app.command(short_help="Accuracy when the KV cache is compressed by head rankings.")
+def compress(
+    ctx: ClickContext,
+    model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
+    heads: Annotated[list[str], typer.Option(
+        help="Head scores: a `locos score` run directory (one ranking per method it "
+             "holds), a method folder or a heads.json dir; NAME=DIR to name it. "
+             "Repeatable.")],
+    trials: Annotated[list[Path], typer.Option(
+        help="Trials file (JSON lines); repeatable. Each trial's question starts at "
+             "meta.query_start, else at --query-start.", exists=True, dir_okay=False)],
+    out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
+    fractions: Annotated[str, typer.Option(
+        help="Retained fractions of the KV cache, each in (0, 1].")] = DEFAULT_FRACTIONS,
+    unit: Annotated[str, typer.Option(
+        help="kv_group (one budget per GQA kv head: real eviction) or query_head (one "
+             "per query head: the exact per-head mask).")] = "kv_group",
+    include: Annotated[str, typer.Option(
+        help="Controls swept beside the rankings: uniform, random (comma-separated), "
+             "or none.")] = "uniform,random",
+    query_start: Annotated[int | None, typer.Option(
+        help="First question position for trials without meta.query_start; negative "
+             "counts from the prompt's end (-2: the last two tokens).")] = None,
+    allocation: Annotated[str, typer.Option(
+        help="How the budget is split over units by a ranking: greedy (top units keep "
+             "their whole cache), proportional (HeadKV) or uniform. HeadKV scores always "
+             "use proportional, their published allocation.")] = "greedy",
+    sinks: Annotated[int, typer.Option(help="First positions every unit keeps "
+                                            "(attention sinks).", min=0)] = 4,
+    min_recent: Annotated[int, typer.Option(help="Last context positions every unit "
+                                                 "keeps.", min=0)] = 8,
+    group_reduce: Annotated[str, typer.Option(
+        help="kv_group unit: a group's score from its query heads, max or sum.")] = "max",
+    seed: Annotated[int, typer.Option(help="Seed of the random control.")] = 0,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.",
+                                                min=1)] = 8,
+    device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
+    dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
+) -> None:
+    """Sweep the retained fraction of the KV cache under each head ranking and score the
+    greedy answers (docs/compression.md)."""
+    from locos_tl.cli.ablate import checkpoint_dims
+    from locos_tl.compress import compression_sweep
+    from locos_tl.compress.budgets import ALLOCATIONS, UNITS
+
+    # every option and input file is checked before the model loads
+    check_choice(unit, UNITS, "--unit")
+    check_choice(allocation, ALLOCATIONS, "--allocation")
+    check_choice(group_reduce, ("max", "sum"), "--group-reduce")
+    fraction_list = parse_fractions(fractions)
+    controls = parse_controls(include)
+    check_dtype(dtype)
+    if query_start == 0:
+        raise typer.BadParameter("0 leaves no context to compress: give the first question "
+                                 "position (>= 1), or a negative offset from the end",
+                                 param_hint="'--query-start'")
+    try:
+        rankings = load_rankings(heads)
+        dims = checkpoint_dims(model)
+        for name, hs in rankings.items():
+            if dims is not None and (hs.n_layers, hs.n_heads) != dims:
+                raise LocosError(f"ranking {name!r} scores {hs.n_layers} layers x "
+                                 f"{hs.n_heads} heads; the model has {dims[0]} x {dims[1]}")
+        check_query_starts(trials, query_start)
+        import pandas as pd
+
+        from locos_tl.models import load_model, model_name
+        from locos_tl.provenance import provenance
+        from locos_tl.trials import load_trials, trial_set_hash
+
+        bridge = load_model(model, device=device, dtype=dtype)
+        n_ctx = getattr(bridge.cfg, "n_ctx", None)
+        trial_list = with_query_start(
+            [t for p in trials for t in load_trials(p, bridge.tokenizer, n_ctx=n_ctx)],
+            query_start)
+        settings = {
+            "model": model_name(bridge), "unit": unit, "fractions": fraction_list,
+            "include": controls, "seed": seed, "allocation": allocation, "sinks": sinks,
+            "min_recent": min_recent, "group_reduce": group_reduce,
+            "max_new_tokens": max_new_tokens,
+            "query_start": query_start, "n_trials": len(trial_list),
+            "trial_set_hash": trial_set_hash(trial_list),
+            "rankings": {name: ranking_hash(hs) for name, hs in rankings.items()},
+        }
+        check_compress_resume(out, settings)
+        out.mkdir(parents=True, exist_ok=True)
+        meta = provenance(bridge, settings)
+        meta["inputs"] = {"trials": [str(p) for p in trials], "heads": list(heads)}
+        (out / META_FILE).write_text(json.dumps(meta, indent=2, default=str))
+        done = done_trials(out)
+        todo = [(i, t) for i, t in enumerate(trial_list) if t.trial_id not in done]
+        note_resume(out, len(trial_list) - len(todo), len(trial_list))
+        # HeadKV scores go with HeadKV's own (proportional) allocation
+        specs = {name: (hs, "proportional" if hs.method == "headkv" else allocation)
+                 for name, hs in rankings.items()}
+        csv = out / CSV_FILE
+        with resumable(out, ctx), warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", UserWarning)
+            for n, (i, t) in enumerate(todo, 1):  # one trial at a time: rows saved as done
+                rows = compression_sweep(
+                    bridge, [t], specs, tuple(fraction_list), unit=unit,
+                    include=tuple(controls), seed=seed, allocation=allocation, sinks=sinks,
+                    min_recent=min_recent, group_reduce=group_reduce,
+                    max_new_tokens=max_new_tokens, progress=False)
+                rows["trial_index"] = i  # the index in the whole trial list
+                header = not csv.exists() or csv.stat().st_size == 0
+                rows.to_csv(csv, mode="a", header=header, index=False)
+                typer.echo(f"\r{n}/{len(todo)} trials", nl=False, err=True)
+        if todo:
+            typer.echo("", err=True)
+        df = pd.read_csv(csv, dtype={"trial": str})
+        df = df[df["trial"].isin({t.trial_id for t in trial_list})]
+        floor = [w for w in caught if "below the floor" in str(w.message)]
+        low = (sorted(df.loc[df["below_floor"].astype(bool), "fraction"].unique())
+               if "below_floor" in df.columns else [])
+        if low or floor:  # one note for the whole run, not one warning per trial
+            typer.secho(f"note: fractions {[float(f) for f in low] or ''} fell below the "
+                        f"sinks + recent floor ({sinks} + {min_recent} entries per unit) on "
+                        "some trials: there every unit keeps about the same shrunk window; "
+                        "raise the fraction or lower --sinks / --min-recent",
+                        err=True, fg=typer.colors.YELLOW)
+    except (LocosError, ValueError, FileNotFoundError) as exc:
+        fail(exc)
+    from locos_tl.plot import compression_curves
+
+    write_figure(compression_curves(df, title=f"KV-cache compression ({unit} budgets), "
+                                              f"{len(trial_list)} trials"),
+                 out / FIGURE_FILE)
+    typer.echo("\naccuracy by ranking, allocation and retained fraction "
+               "(kept: share of the context cache's entries; bytes kept: of its K/V bytes)")
+    typer.echo(summary_table(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
+    typer.echo(f"\nwrote {out}/ ({CSV_FILE}, {META_FILE}, {FIGURE_FILE})")

@@ -1,0 +1,133 @@
+"""Training machinery of the organisms (issue 13): skip-wise positions, the attention
+mask they need, warm start by layer duplication, resumable checkpoints, valid ranges."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+import torch
+
+from locos_tl.organisms import DEFAULT_ORGANISM, make_trials, organism_path
+from locos_tl.organisms import analysis as A
+from locos_tl.organisms.lengths import valid_range
+from locos_tl.organisms.positions import skip_positions
+from locos_tl.organisms.train import PRESETS, TrainConfig, build_model, parse_args, train
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_skip_positions_span_the_target_and_keep_chunks_consecutive(seed):
+    rng = np.random.default_rng(seed)
+    n, target = 50, 50 + int(rng.integers(0, 4000))
+    forbidden = rng.random(n) < 0.3
+    pos = skip_positions(rng, n, target, forbidden=forbidden, last_boundary=45)
+    assert pos[0] == 0 and pos[-1] == target - 1
+    d = np.diff(pos)
+    assert (d >= 1).all()
+    jumps = np.nonzero(d > 1)[0] + 1  # boundaries: first token of a shifted chunk
+    assert len(jumps) <= 3
+    assert all(2 <= b <= 45 and not forbidden[b] for b in jumps)
+    assert int((d - 1).sum()) == target - n
+
+
+def test_skip_positions_identity_and_bad_target():
+    rng = np.random.default_rng(0)
+    assert (skip_positions(rng, 30, 30) == np.arange(30)).all()
+    with pytest.raises(ValueError, match="shorter than the sequence"):
+        skip_positions(rng, 30, 29)
+
+
+@pytest.fixture(scope="module")
+def tiny_cfg():
+    return TrainConfig(steps=4, batch_size=4, n_layers=1, d_model=32, n_heads=2,
+                       n_kv_heads=1, d_head=16, d_mlp=32, lengths=[(1.0, 24, 32)],
+                       virtual_lengths=[(1.0, 300)], max_position=512, eval_every=3,
+                       eval_lengths=(24,), checkpoint_every=2, aux_induction=0.5,
+                       lr_schedule="cosine", warmup=2)
+
+
+def test_skip_positions_need_the_explicit_attention_mask(tiny_cfg):
+    """transformers 5 reads jumping position ids as packed sequences when no mask and no
+    cache is given (training): the last token would then not see the tokens before the
+    jump."""
+    model = build_model(tiny_cfg).eval()
+    ids = torch.randint(5, 200, (1, 20))
+    ids2 = ids.clone()
+    ids2[0, 3] = 4  # change a token before the jump
+    pos = torch.cat([torch.arange(10), torch.arange(10) + 200])[None]
+
+    def last(x, mask):
+        kw = {"attention_mask": torch.ones_like(x)} if mask else {}
+        return model(input_ids=x, position_ids=pos, use_cache=False, **kw).logits[0, -1]
+
+    with torch.no_grad():
+        assert not torch.allclose(last(ids, True), last(ids2, True))
+        # without the mask the jump cuts the sequence in two (what training must avoid)
+        assert torch.allclose(last(ids, False), last(ids2, False))
+        # RoPE: a constant shift of every position changes nothing (mask given)
+        shifted = model(input_ids=ids, position_ids=torch.arange(20)[None] + 77,
+                        attention_mask=torch.ones_like(ids)).logits[0, -1]
+        plain = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits[0, -1]
+    torch.testing.assert_close(shifted, plain, rtol=1e-4, atol=1e-4)
+
+
+def test_training_resumes_from_its_checkpoint_bit_for_bit(tiny_cfg, tmp_path):
+    full = train(tiny_cfg, None, log=lambda s: None)["model"].state_dict()
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_first_eval(line):  # step 3: the step-2 checkpoint exists
+        raise Stop
+
+    with pytest.raises(Stop):
+        train(tiny_cfg, tmp_path, log=stop_at_first_eval)
+    assert (tmp_path / "checkpoint.pt").exists()
+    lines = []
+    resumed = train(tiny_cfg, tmp_path, log=lines.append)["model"].state_dict()
+    assert lines[0].startswith("resuming from") and "step 2" in lines[0]
+    for k in full:
+        torch.testing.assert_close(resumed[k], full[k], rtol=0, atol=0)
+    with pytest.raises(ValueError, match="another configuration"):
+        train(replace(tiny_cfg, lr=1e-2), tmp_path, log=lambda s: None)
+
+
+def test_warm_start_duplicates_a_layer_and_keeps_the_function():
+    cfg = replace(PRESETS["retrieval-long"](), steps=1)
+    model = build_model(cfg).eval()
+    src = A.load_hf(DEFAULT_ORGANISM, attn="sdpa")
+    w1 = src.model.layers[1].self_attn.o_proj.weight
+    for i in (1, 2):
+        w = model.model.layers[i].self_attn.o_proj.weight
+        assert (w - w1 / 2).abs().max() <= 1e-2 * w1.abs().max()
+    torch.testing.assert_close(model.model.layers[2].self_attn.q_proj.weight,
+                               src.model.layers[1].self_attn.q_proj.weight)
+    trials = make_trials("literal", 40, 64, seed=5) + make_trials("nonliteral", 40, 64, seed=5)
+    assert A.accuracy(model, trials) >= 0.85
+    assert model.config.max_position_embeddings == 4096
+    with pytest.raises(ValueError, match="layer_map"):
+        build_model(replace(cfg, layer_map=[0, 1, 2]))
+
+
+def test_presets_parse_and_flags_override():
+    cfg, _ = parse_args(["--preset", "retrieval-long", "--steps", "7"])
+    assert cfg.steps == 7 and cfg.n_layers == 3 and cfg.max_position == 4096
+    assert cfg.init_from == "data/organisms/retrieval-2l"  # relative: recorded as given
+    base, _ = parse_args([])
+    assert base == TrainConfig()  # the shipped retrieval-2l configuration
+    assert organism_path("retrieval-2l") == DEFAULT_ORGANISM
+    with pytest.raises(KeyError, match="shipped"):
+        organism_path("nope")
+
+
+def test_valid_range_is_the_longest_prefix_of_passing_lengths():
+    acc = {"synthetic@64": {"literal": 1.0, "nonliteral": 0.99},
+           "book@64": {"literal": 1.0, "nonliteral": 0.95},
+           "synthetic@128": {"literal": 0.99, "nonliteral": 0.91},
+           "book@128": {"literal": 0.96, "nonliteral": 0.89},
+           "synthetic@256": {"literal": 0.97, "nonliteral": 0.95}}
+    vr = valid_range(acc)
+    assert vr["max_valid"] == 64 and vr["lengths_failed"] == [128]
+    assert vr["lengths_ok"] == [64, 256]
+    assert valid_range({"synthetic@64": {"literal": 0.5, "nonliteral": 1.0}})["max_valid"] is None
