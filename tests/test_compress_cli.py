@@ -185,3 +185,20 @@ def test_compress_needs_query_start(no_model_load, setup, tmp_path):
     assert re.search(r"bare\.jsonl:1: the trial has no meta\.query_start.*--query-start N",
                      " ".join(res.output.split())), res.output
     assert not no_model_load and not (tmp_path / "run").exists()
+
+
+def test_build_trials_organism_writes_what_make_trials_builds(tmp_path):
+    """`locos build-trials organism` = `make_trials` (tokens, spans, query_start)."""
+    from locos_tl import load_trials
+
+    out = tmp_path / "lit.jsonl"
+    res = runner.invoke(app, ["build-trials", "organism", "--out", str(out), "--task",
+                              "literal", "--n", "4", "--length", "96", "--seed", "5"])
+    assert res.exit_code == 0, res.output
+    got = load_trials(out)
+    want = make_trials("literal", 4, 96, seed=5)
+    assert [t.tokens for t in got] == [t.tokens for t in want]
+    assert [t.needle_span for t in got] == [t.needle_span for t in want]
+    assert all(t.meta["query_start"] == 94 for t in got)
+    bad = runner.invoke(app, ["build-trials", "organism", "--out", str(out), "--task", "x"])
+    assert bad.exit_code == 2 and "unknown --task" in bad.output

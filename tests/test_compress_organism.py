@@ -9,6 +9,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from locos_tl.compress import compressed_generate, compression_sweep, kv_budgets
@@ -108,3 +109,24 @@ def test_sweep_frame_prefills_once(organism, ground_truth, monkeypatch):
     for i, t in enumerate(trials):
         ref = greedy_decode(organism, list(t.tokens), max_new_tokens=2)
         assert set(full[full.trial_index == i].output) == {ref.text}
+
+
+def test_sweep_takes_query_start_for_trials_without_it(organism):
+    """``query_start=-2`` on trials stripped of ``meta["query_start"]`` gives the same
+    frame as the organism's own meta (the question is the last two tokens)."""
+    import dataclasses
+
+    from locos_tl.errors import TrialError
+    from locos_tl.organisms import make_trials
+
+    trials = make_trials("nonliteral", 2, 96, seed=3)
+    bare = [dataclasses.replace(t, meta={k: v for k, v in t.meta.items()
+                                         if k != "query_start"}) for t in trials]
+    kw = {"fractions": (0.3,), "include": ("uniform",), "progress": False}
+    a = compression_sweep(organism, trials, **kw)
+    b = compression_sweep(organism, bare, query_start=-2, **kw)
+    cols = ["output", "correct", "retained_entries", "kv_bytes", "context_len"]
+    pd.testing.assert_frame_equal(a[cols], b[cols])
+    assert (b["context_len"] == 94).all()
+    with pytest.raises(TrialError, match="query_start"):
+        compression_sweep(organism, bare, **kw)

@@ -195,6 +195,35 @@ def arithmetic(
         chat_template=chat_template, seed=seed))
 
 
+@build_app.command("organism")
+def organism(
+    out: OutOpt,
+    task: Annotated[str, typer.Option(help="literal (NIAH-like) or nonliteral "
+                                           "(NoLiMa-like).")] = "nonliteral",
+    n: Annotated[int, typer.Option(help="Number of trials.", min=1)] = 40,
+    length: Annotated[int, typer.Option(help="Prompt length in tokens (retrieval-long: "
+                                             "512-4096; retrieval-2l: up to 128).",
+                                        min=16)] = 1024,
+    book: Annotated[Path | None, typer.Option(
+        help="Book text file or folder used as filler (default: synthetic filler).",
+        exists=True)] = None,
+    seed: SeedOpt = 12345,
+) -> None:
+    """The model organisms' literal or non-literal retrieval trials (needle span = the
+    `NAME LANDMARK` pair; `meta.query_start` = the question, for `locos compress`)."""
+    from locos_tl.organisms import TASKS, make_trials
+
+    if task not in TASKS:
+        fail(LocosError(f"unknown --task {task!r}; use {' or '.join(TASKS)}"))
+    try:
+        t0 = time.perf_counter()
+        trials = make_trials(task, n, length, seed=seed, book=book)  # type: ignore[arg-type]
+    except (LocosError, ValueError, FileNotFoundError) as exc:
+        fail(exc)
+    _write(trials, out, f"organism-{task}", time.perf_counter() - t0, dict(
+        task=task, n=n, length=length, book=str(book) if book else None, seed=seed))
+
+
 @build_app.command("organism-echo")
 def organism_echo(
     out: OutOpt,

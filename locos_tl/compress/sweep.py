@@ -69,6 +69,7 @@ def compression_sweep(
     group_reduce: str = "max",
     max_new_tokens: int = 8,
     stop_rule: str = "newline_token",
+    query_start: int | None = None,
     progress: bool = True,
 ) -> pd.DataFrame:
     """Compressed greedy decoding of every trial under every (ranking, fraction).
@@ -87,6 +88,8 @@ def compression_sweep(
         allocation: allocation of every ranking without its own.
         sinks, min_recent, group_reduce: see :func:`~locos_tl.compress.kv_budgets`.
         max_new_tokens, stop_rule: decoding settings.
+        query_start: the question's first position for trials without
+            ``meta["query_start"]`` (negative: counted from the end of the prompt).
         progress: tqdm progress bar.
 
     Returns:
@@ -113,7 +116,10 @@ def compression_sweep(
     rows = []
     try:
         for i, trial in enumerate(trials):
-            qs = query_start_of(trial)
+            given = trial.meta.get("query_start")
+            if given is None and query_start is not None:
+                given = query_start if query_start >= 0 else trial.n_tokens + query_start
+            qs = query_start_of(trial, given)
             full = prefill_context(model, trial, qs)
             for name, (scores, alloc, meta) in ranks.items():
                 for frac in fractions:
@@ -123,7 +129,8 @@ def compression_sweep(
                                        sinks=sinks, min_recent=min_recent,
                                        group_reduce=group_reduce, method=name)
                     r = compressed_generate(model, trial, b, max_new_tokens=max_new_tokens,
-                                            stop_rule=stop_rule, full_cache=full)
+                                            stop_rule=stop_rule, full_cache=full,
+                                            query_start=qs)
                     rows.append({
                         "ranking": name, "allocation": alloc, "unit": unit,
                         "fraction": frac, "retained_fraction": r.retained_fraction,
