@@ -394,14 +394,13 @@ import pandas as pd
 import locos_tl
 from locos_tl import plot
 from locos_tl.compress import compression_sweep, kv_budgets
-from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
+from locos_tl.organisms import DEFAULT_ORGANISM, LONG_ORGANISM, default_book_dir, make_trials
 
 # The organism, its prompt length and the budgets swept. The long-context organism
 # (valid to 4096 tokens) at 1024 tokens when it is there; else the shipped 2-layer one at
 # 128 tokens (valid up to about 160), where a budget below ~10 % would cut into the
 # 4 sinks + 8 recent positions every unit keeps.
-LONG_ORGANISM = Path(DEFAULT_ORGANISM).parent / "retrieval-long"
-if (LONG_ORGANISM / "config.json").exists():
+if (Path(LONG_ORGANISM) / "config.json").exists():
     ORGANISM, N_TOKENS, FRACTIONS = LONG_ORGANISM, 1024, (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 else:
     ORGANISM, N_TOKENS, FRACTIONS = Path(DEFAULT_ORGANISM), 128, (0.1, 0.15, 0.25, 0.5, 1.0)
@@ -427,6 +426,12 @@ scores = locos_tl.score_trials(model, detect, methods=["locos", "wu", "headkv"],
                                max_new_tokens=4, progress=False)
 pd.DataFrame({m: [locos_tl.head_label(*h) for h in hs.top_k(6)]
               for m, hs in scores.items()}, index=range(1, 7)).rename_axis("rank")'''),
+        new_markdown_cell("""\
+Where the top heads sit. On `retrieval-long` the non-literal writers are spread over two
+layers (layer 1 was duplicated when the organism was grown from `retrieval-2l`, and both
+copies kept writing), so the layer distribution has more than one bar."""),
+        new_code_cell('''\
+plot.layer_distribution([scores["locos"], scores["wu"]], k=6)'''),
         new_markdown_cell("""\
 ## Budgets
 

@@ -81,7 +81,9 @@ def _lr_text(cfg: dict[str, Any]) -> str:
 
 def _long_text(cfg: dict[str, Any]) -> str:
     parts = []
-    if cfg.get("init_from"):
+    if (cfg.get("init_from") or "").startswith("@"):
+        parts.append(f" Starts from stage `{cfg['init_from'][1:]}`'s output.")
+    elif cfg.get("init_from"):
         parts.append(f" Warm start from `{cfg['init_from']}`, layer map "
                      f"{cfg.get('layer_map')} (a duplicated layer starts with its `o_proj` and "
                      "`down_proj` divided by the number of copies, plus 1e-3 relative noise).")
@@ -99,6 +101,10 @@ def _long_text(cfg: dict[str, Any]) -> str:
         parts.append(f" {cfg['p_book']} of the task rows take their filler from the book "
                      "text of `../shared/data/haystack`.")
     return "".join(parts)
+
+
+def _preset_flag(name: str) -> str:
+    return f" --preset {name}" if name == "retrieval-long" else ""
 
 
 def _secs(seconds: float | None) -> str:
@@ -239,17 +245,28 @@ name content vectors). No gradient step was taken (`locos train-organism --compi
 the same)."""
     else:
         origin = """Trained from scratch (no weight set by hand)."""
+        stages = log.get("stages") or [{"name": None, "config": cfg,
+                                         "seconds": train_seconds}]
+        paras = []
+        for st_rec in stages:
+            c = st_rec["config"]
+            head = (f"**Stage `{st_rec['name']}`** ({_secs(st_rec.get('seconds'))}). "
+                    if st_rec["name"] else "")
+            paras.append(f"""{head}Seed {c.get('seed')}, {c.get('steps')} AdamW steps, batch
+{c.get('batch_size')} task sequences + {c.get('aux_induction')} x batch auxiliary induction
+sequences (a random token sequence repeated; loss on the repeat), {_lr_text(c)}, weight decay
+{c.get('weight_decay')}, head group-lasso {c.get('head_l1')}, one CPU thread; prompt-length
+curriculum (fraction of steps until, min, max tokens) {c.get('lengths')};
+{c.get('n_questions')} questions per task sequence (the first about the needle, then one per
+distractor pair, random task each; {c.get('p_literal')} literal first questions); task loss
+only on answers and the final `</s>`.{_long_text(c)}""")
         training = f"""## Training (deterministic)
-Command: `{command}` (= `locos train-organism`).
-Seed {cfg.get('seed')}, {cfg.get('steps')} AdamW steps, batch {cfg.get('batch_size')} task sequences
-+ {cfg.get('aux_induction')} x batch auxiliary induction sequences (a random token sequence
-repeated; loss on the repeat), {_lr_text(cfg)}, weight decay {cfg.get('weight_decay')}, head
-group-lasso {cfg.get('head_l1')}, one CPU thread; prompt-length curriculum (fraction of steps
-until, min, max tokens) {cfg.get('lengths')}; {cfg.get('n_questions')} questions per task
-sequence (the first about the needle, then one per distractor pair, random task each;
-{cfg.get('p_literal')} literal first questions); task loss only on answers and the final
-`</s>`.{_long_text(cfg)} Training data stream: `numpy.random.default_rng([seed, 1_000_000])`;
-held-out trials use other seeds. Wall clock: {_secs(train_seconds)}."""
+Command: `{command}` (= `locos train-organism`{_preset_flag(out.name)}).
+
+""" + "\n\n".join(paras) + f"""
+
+Training data stream: `numpy.random.default_rng([seed, 1_000_000])`; held-out trials use
+other seeds. Wall clock: {_secs(train_seconds)}."""
     spec = cfg.get("spec") or {"n_pairs": [2, 3], "n_lone_names": [3, 6],
                                "n_lone_landmarks": [1, 3], "unk_rate": 0.12}
     text = f"""# Model organism `{out.name}`
