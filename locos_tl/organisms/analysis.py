@@ -207,7 +207,7 @@ def ablate_heads(
 def attention_profile(model: Any, examples: Sequence[Example]) -> dict[str, np.ndarray]:
     """Where each head's query at the question position attends, averaged over prompts.
 
-    Needs an eager-attention model (``output_attentions=True``).
+    Runs with eager attention (``output_attentions=True``; switched on for the call).
 
     Returns:
         dict of ``[n_layers, n_heads]`` arrays: ``needle_landmark``, ``needle_name``,
@@ -221,6 +221,25 @@ def attention_profile(model: Any, examples: Sequence[Example]) -> dict[str, np.n
     acc = {k: np.zeros((L, H)) for k in
            ("needle_landmark", "needle_name", "other_names", "other_landmarks", "rest",
             "prev_token_from_landmark")}
+    with _eager(model):
+        return _attention_profile(model, examples, acc, names, lms, L, H)
+
+
+@contextlib.contextmanager
+def _eager(model: Any) -> Iterator[None]:
+    """Eager attention for the duration (attention weights need it); restored after."""
+    prev = model.config._attn_implementation
+    if prev != "eager":
+        model.set_attn_implementation("eager")
+    try:
+        yield
+    finally:
+        if prev != "eager":
+            model.set_attn_implementation(prev)
+
+
+def _attention_profile(model: Any, examples: Sequence[Example], acc: dict, names: set,
+                       lms: set, L: int, H: int) -> dict[str, np.ndarray]:
     n_prev = 0
     # eager attention rows cost B*H*P*P floats per layer: about 2^23 per forward
     for idx in _length_chunks(examples, lambda n: n * n * H, 1 << 23):
@@ -404,6 +423,7 @@ def ground_truth(
     seed: int = 4242,
     threshold: float = 0.1,
     single: bool = True,
+    n_attention: int | None = None,
 ) -> GroundTruth:
     """Establish head roles causally (eager HF model).
 
@@ -418,13 +438,15 @@ def ground_truth(
     the previous token is >= 0.4. Group ablations of each role (zero and mean) and
     attention profiles are recorded in ``numbers``; with ``single``, also every head's
     single mean ablation (``L * H`` more passes; skipped at long lengths).
+    ``n_attention`` limits the attention profiles (eager, quadratic in length) to the
+    first prompts of each task.
     """
     L, H, _ = _dims(model)
     lit = examples("literal", n, n_tokens, seed)
     non = examples("nonliteral", n, n_tokens, seed)
     means = head_means(model, lit + non)
-    prof_non = attention_profile(model, non)
-    prof_lit = attention_profile(model, lit)
+    prof_non = attention_profile(model, non[:n_attention])
+    prof_lit = attention_profile(model, lit[:n_attention])
     p_lit = patching(model, lit, seed=seed)
     p_non = patching(model, non, seed=seed + 1)
     upper = [(ly, h) for ly in range(1, L) for h in range(H)]

@@ -28,7 +28,7 @@ CARD_SETTINGS: dict[str, dict[str, Any]] = {
                      "mechanism_lengths": ()},
     "retrieval-long": {"lengths": (512, 1024, 2048, 4096), "primary_length": 1024,
                        "mechanism_lengths": (512, 1024, 2048, 4096), "n_eval": 200,
-                       "n_ground_truth": 100},
+                       "n_ground_truth": 60, "n_mechanism": 40},
 }
 
 
@@ -94,7 +94,9 @@ def _long_text(cfg: dict[str, Any]) -> str:
                      f"{cfg['virtual_lengths']}, so distances up to `max_position_embeddings` "
                      f"= {cfg.get('max_position')} are seen on short sequences.")
     if cfg.get("long_every"):
-        parts.append(f" Every {cfg['long_every']}th step trains on real prompts of "
+        nth = {1: "Every step", 2: "Every 2nd step", 3: "Every 3rd step"}.get(
+            cfg["long_every"], f"Every {cfg['long_every']}th step")
+        parts.append(f" {nth} trains on real prompts of "
                      f"{cfg.get('long_lengths')} tokens ({cfg.get('long_batch')} rows, "
                      "consecutive positions) instead.")
     if cfg.get("p_book"):
@@ -125,6 +127,7 @@ def write_card(
     extra_json: dict[str, Any] | None = None,
     reuse: bool = False,
     settings: dict[str, Any] | None = None,
+    progress: Any = None,
 ) -> Path:
     """Measure the checkpoint in ``out_dir`` and write ``MODEL_CARD.md`` + ``ground_truth.json``.
 
@@ -139,13 +142,20 @@ def write_card(
             instead of measuring again (only the card text is rewritten); the accuracy
             table is measured again when it lacks one of the settings' lengths.
         settings: ``lengths``, ``primary_length``, ``mechanism_lengths``, ``n_eval``,
-            ``n_ground_truth``; default :data:`CARD_SETTINGS` of the directory's name.
+            ``n_ground_truth``, ``n_mechanism`` (prompts per task and length for the
+            mechanism section); default :data:`CARD_SETTINGS` of the directory's name.
+        progress: callable taking one progress line per phase (``None``: silent).
 
     Returns:
         Path of the card.
     """
     torch.set_num_threads(1)
     out = Path(out_dir)
+
+    def say(line: str) -> None:
+        if progress is not None:
+            progress(f"[{out.name}] {line}")
+
     st = {"lengths": EVAL_LENGTHS, "primary_length": 64, "mechanism_lengths": (),
           "n_eval": N_EVAL, "n_ground_truth": 200}
     st.update(CARD_SETTINGS.get(out.name, {}))
@@ -154,7 +164,7 @@ def write_card(
     log_path = out / "train_log.json"
     log = json.loads(log_path.read_text()) if log_path.exists() else {}
     cfg = log.get("config", {})
-    model = A.load_hf(out)
+    model = A.load_hf(out, attn="sdpa")  # eager only where attention weights are read
     gt_path = out / "ground_truth.json"
     if reuse and gt_path.exists():
         gt_json = json.loads(gt_path.read_text())
@@ -170,7 +180,9 @@ def write_card(
             acc = measure_accuracy(model, book_dir, st["n_eval"], lengths)
             gt_json["accuracy"] = acc
     else:
+        say(f"accuracy at {lengths} tokens ({st['n_eval']} trials per cell)")
         acc = measure_accuracy(model, book_dir, st["n_eval"], lengths)
+        say(f"causal ground truth at {st['primary_length']} tokens")
         gt = A.ground_truth(model, n=st["n_ground_truth"], n_tokens=st["primary_length"])
         gt_json = {"literal_copy": gt.literal_copy, "nonliteral_writer": gt.nonliteral_writer,
                    "prev_token": gt.prev_token, "accuracy": acc, "numbers": gt.numbers,
@@ -181,8 +193,10 @@ def write_card(
 
     mech_lengths = tuple(st["mechanism_lengths"])
     if mech_lengths and (not reuse or "by_length" not in gt_json):
-        gt_json["by_length"] = mechanism_by_length(model, out, mech_lengths, gt,
-                                                   n=st["n_ground_truth"])
+        say(f"the mechanism at {mech_lengths} tokens")
+        gt_json["by_length"] = mechanism_by_length(
+            model, out, mech_lengths, gt, n=st.get("n_mechanism", st["n_ground_truth"]),
+            n_attention=min(16, st.get("n_mechanism", st["n_ground_truth"])))
     vr = valid_range(acc)
     gt_json["valid_range"] = vr
     gt_path.write_text(json.dumps(gt_json, indent=1) + "\n")
@@ -261,7 +275,7 @@ curriculum (fraction of steps until, min, max tokens) {c.get('lengths')};
 distractor pair, random task each; {c.get('p_literal')} literal first questions); task loss
 only on answers and the final `</s>`.{_long_text(c)}""")
         training = f"""## Training (deterministic)
-Command: `{command}` (= `locos train-organism`{_preset_flag(out.name)}).
+Command: `{command}` (= `locos train-organism{_preset_flag(out.name)}`).
 
 """ + "\n\n".join(paras) + f"""
 

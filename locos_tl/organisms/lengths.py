@@ -55,6 +55,7 @@ def mechanism_at(
     n: int = 100,
     seed: int = 4242,
     n_detector: int = 24,
+    n_attention: int = 32,
 ) -> dict[str, Any]:
     """Causal criteria at one length.
 
@@ -65,6 +66,7 @@ def mechanism_at(
         documented: the card's role sets (from its primary length).
         n: prompts per task for the causal measurements.
         n_detector: non-literal trials for LOCOS / Wu.
+        n_attention: prompts per task for the attention profiles (eager attention).
 
     Returns:
         JSON-ready record: ``roles`` found at this length, ``baseline`` accuracy,
@@ -72,7 +74,8 @@ def mechanism_at(
         task), writers' attention to the needle landmark, LOCOS / Wu scores of the
         documented writers and LOCOS's rank of them, and ``criteria`` (booleans).
     """
-    gt = A.ground_truth(model, n=n, n_tokens=n_tokens, seed=seed, single=False)
+    gt = A.ground_truth(model, n=n, n_tokens=n_tokens, seed=seed, single=False,
+                        n_attention=n_attention)
     lit = A.examples("literal", n, n_tokens, seed)
     non = A.examples("nonliteral", n, n_tokens, seed)
     base = gt.numbers["baseline"]
@@ -101,6 +104,7 @@ def mechanism_at(
     }
     return {
         "n_tokens": n_tokens, "n_prompts_per_task": n, "seed": seed,
+        "n_attention_prompts": n_attention,
         "roles": {"literal_copy": gt.literal_copy, "nonliteral_writer": gt.nonliteral_writer,
                   "prev_token": gt.prev_token},
         "baseline": base,
