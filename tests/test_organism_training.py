@@ -84,13 +84,14 @@ def test_training_resumes_from_its_checkpoint_bit_for_bit(tiny_cfg, tmp_path):
     with pytest.raises(Stop):
         train(tiny_cfg, tmp_path, log=stop_at_first_eval)
     assert (tmp_path / "checkpoint.pt").exists()
+    with pytest.raises(ValueError, match="another configuration"):
+        train(replace(tiny_cfg, lr=1e-2), tmp_path, log=lambda s: None)
     lines = []
     resumed = train(tiny_cfg, tmp_path, log=lines.append)["model"].state_dict()
     assert lines[0].startswith("resuming from") and "step 2" in lines[0]
     for k in full:
         torch.testing.assert_close(resumed[k], full[k], rtol=0, atol=0)
-    with pytest.raises(ValueError, match="another configuration"):
-        train(replace(tiny_cfg, lr=1e-2), tmp_path, log=lambda s: None)
+    assert not (tmp_path / "checkpoint.pt").exists()  # spent once the run completed
 
 
 def test_warm_start_duplicates_a_layer_and_keeps_the_function():
@@ -161,3 +162,13 @@ def test_staged_recipe_chains_stages_and_reuses_finished_ones(tiny_cfg, tmp_path
                      tmp_path / "work")
     with pytest.raises(ValueError, match="not an earlier stage"):
         train_stages([("a", replace(s1, init_from="@b"))], tmp_path / "o2", tmp_path / "w2")
+
+
+def test_staged_preset_refuses_flags_that_change_it(capsys):
+    from locos_tl.organisms.train import STAGES, main
+
+    assert main(["--preset", "retrieval-long", "--steps", "3", "--out", "/nonexistent"]) == 2
+    assert "staged recipe (" in capsys.readouterr().err
+    stages = STAGES["retrieval-long"]()
+    assert stages[0][1] == PRESETS["retrieval-long"]()
+    assert all(c.init_from == f"@{stages[i][0]}" for i, (_, c) in enumerate(stages[1:]))

@@ -87,31 +87,30 @@ def organism_figures() -> dict[str, Any]:
         "phi_explorer": plot.phi_explorer(phi, words, 0, needle_span=t.needle_span, target=tgt),
         "reads_vs_writes": plot.reads_vs_writes(pattern, phi, words, top,
                                                 needle_span=t.needle_span, target=tgt),
-        "compression_curves": compression_figure(model),
+        "compression_curves": compression_figure(),
     }
 
 
-def compression_figure(model: Any = None) -> Any:
-    """Notebook 04's per-query-head compression curves on the organism (128 tokens)."""
+def compression_figure() -> Any:
+    """Notebook 04's per-query-head compression curves on `retrieval-long` (1024 tokens)."""
     import locos_tl
     from locos_tl import plot
     from locos_tl.compress import compression_sweep
-    from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
+    from locos_tl.organisms import LONG_ORGANISM, default_book_dir, make_trials
 
-    if model is None:
-        model = locos_tl.load_model(os.environ.get("LOCOS_ORGANISM", DEFAULT_ORGANISM),
-                                    device="cpu")
+    model = locos_tl.load_model(LONG_ORGANISM, device="cpu")  # its own organism
     book = default_book_dir() if default_book_dir().is_dir() else None
     detect = [t for task in ("literal", "nonliteral")
-              for t in make_trials(task, 16, n_tokens=128, book=book, seed=31)]
+              for t in make_trials(task, 16, n_tokens=1024, book=book, seed=31)]
     s = locos_tl.score_trials(model, detect, methods=["locos", "wu", "headkv"],
                               max_new_tokens=4, progress=False)
     evals = [t for task in ("literal", "nonliteral")
-             for t in make_trials(task, 20, n_tokens=128, book=book, seed=32)]
+             for t in make_trials(task, 20, n_tokens=1024, book=book, seed=32)]
     df = compression_sweep(model, evals, {m: s[m] for m in ("locos", "wu", "headkv")},
-                           (0.1, 0.15, 0.25, 0.5, 1.0), unit="query_head", progress=False)
-    return plot.compression_curves(df, title="organism, 128 tokens: per-query-head KV "
-                                             "budgets")
+                           (0.02, 0.05, 0.1, 0.2, 0.5, 1.0), unit="query_head",
+                           progress=False)
+    return plot.compression_curves(df, title="retrieval-long, 1024 tokens: per-query-head "
+                                             "KV budgets")
 
 
 def chromium() -> str | None:

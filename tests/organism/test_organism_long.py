@@ -39,6 +39,19 @@ def test_files_size_and_context():
     assert "Valid range" in card and "## The mechanism at each length" in card
 
 
+def test_shipped_train_log_is_the_recipe():
+    """The shipped checkpoint's recorded stages are `--preset retrieval-long`'s."""
+    from dataclasses import asdict
+
+    from locos_tl.organisms.train import STAGES, _jsonable
+
+    log = json.loads((ORG / "train_log.json").read_text())
+    stages = STAGES["retrieval-long"]()
+    assert [st["name"] for st in log["stages"]] == [n for n, _ in stages]
+    assert [st["config"] for st in log["stages"]] == [_jsonable(asdict(c)) for _, c in stages]
+    assert all("final" in st and st["seconds"] > 0 for st in log["stages"])
+
+
 def test_card_records_the_required_accuracy(truth):
     acc = truth["accuracy"]
     for T in (1024, 2048):
@@ -96,18 +109,19 @@ def test_locos_finds_the_writers_wu_does_not_at_1024(truth):
 
 @pytest.mark.slow
 def test_retraining_reproduces(tmp_path, truth):
-    """`python -m locos_tl.organisms.train --preset retrieval-long` (about an hour on one
-    CPU thread) reproduces the card's synthetic-filler accuracies (<= 0.03)."""
+    """`python -m locos_tl.organisms.train --preset retrieval-long` (its stages, about 1.5
+    hours on one CPU thread) reproduces the card's synthetic-filler accuracies (<= 0.03)."""
     from dataclasses import asdict
 
-    from locos_tl.organisms.train import PRESETS, _jsonable, train
+    from locos_tl.organisms.train import STAGES, _jsonable, train_stages
 
-    cfg = PRESETS["retrieval-long"]()
+    stages = STAGES["retrieval-long"]()
     log = json.loads((ORG / "train_log.json").read_text())
-    assert log["config"] == _jsonable(asdict(cfg))  # the preset is what was shipped
-    res = train(cfg, tmp_path / "org", log=lambda s: None)
+    assert [st["config"] for st in log["stages"]] == [_jsonable(asdict(c)) for _, c in stages]
+    train_stages(stages, tmp_path / "org", tmp_path / "work", log=lambda s: None)
+    model = A.load_hf(tmp_path / "org", attn="sdpa")
     for T in (1024, 2048):
         for task in TASKS:
-            new = A.accuracy(res["model"], make_trials(task, 200, T))
+            new = A.accuracy(model, make_trials(task, 200, T))
             old = truth["accuracy"][f"synthetic@{T}"][task]
             assert abs(new - old) <= 0.03, (task, T, new, old)
