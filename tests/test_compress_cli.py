@@ -202,3 +202,11 @@ def test_build_trials_organism_writes_what_make_trials_builds(tmp_path):
     assert all(t.meta["query_start"] == 94 for t in got)
     bad = runner.invoke(app, ["build-trials", "organism", "--out", str(out), "--task", "x"])
     assert bad.exit_code == 2 and "unknown --task" in bad.output
+
+
+def test_compress_refuses_an_out_dir_of_another_command(setup):
+    """`--out` at a `locos score` run would overwrite its meta.json: refused first."""
+    meta = (setup["tmp"] / "scores" / "meta.json").read_text()
+    res = runner.invoke(app, _args(setup, setup["tmp"] / "scores"))
+    assert res.exit_code != 0 and "another command's run" in res.output
+    assert (setup["tmp"] / "scores" / "meta.json").read_text() == meta

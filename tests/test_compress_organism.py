@@ -130,3 +130,16 @@ def test_sweep_takes_query_start_for_trials_without_it(organism):
     assert (b["context_len"] == 94).all()
     with pytest.raises(TrialError, match="query_start"):
         compression_sweep(organism, bare, **kw)
+
+
+def test_sweep_refuses_a_ranking_named_like_a_control(organism):
+    from locos_tl.errors import LocosError
+    from locos_tl.organisms import make_trials
+
+    trials = make_trials("literal", 1, 96, seed=3)
+    L, H, _ = n_heads_of(organism)
+    with pytest.raises(LocosError, match="clash with the built-in controls"):
+        compression_sweep(organism, trials, {"uniform": np.ones((L, H))}, (0.5,),
+                          include=("uniform",), progress=False)
+    df = compression_sweep(organism, trials, None, (0.5,), include="uniform", progress=False)
+    assert list(df["ranking"]) == ["uniform"]  # a bare string is one control, not letters

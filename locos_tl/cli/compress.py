@@ -149,14 +149,18 @@ def check_query_starts(paths: list[Path], query_start: int | None) -> None:
 
 
 def with_query_start(trials: list[Any], query_start: int | None) -> list[Any]:
-    """The trials with ``meta["query_start"]`` set from ``--query-start`` (negative:
-    counted from each prompt's end), or unchanged when it is None."""
+    """The trials without ``meta["query_start"]`` get it from ``--query-start``
+    (negative: counted from each prompt's end); the others, or all when it is None, are
+    unchanged (as in :func:`locos_tl.compress.compression_sweep`)."""
     import dataclasses
 
     if query_start is None:
         return trials
     out = []
     for t in trials:
+        if (t.meta or {}).get("query_start") is not None:  # the trial's own wins
+            out.append(t)
+            continue
         qs = query_start if query_start >= 0 else t.n_tokens + query_start
         out.append(dataclasses.replace(t, meta={**(t.meta or {}), "query_start": int(qs)}))
     return out
@@ -180,7 +184,10 @@ def check_compress_resume(out: Path, settings: dict[str, Any]) -> None:
         LocosError: naming the settings that differ.
     """
     meta_path = out / META_FILE
-    if not (meta_path.exists() and (out / CSV_FILE).exists()):
+    if meta_path.exists() and not (out / CSV_FILE).exists():
+        raise LocosError(f"{out} holds another command's run ({META_FILE} without "
+                         f"{CSV_FILE}); use a new --out directory")
+    if not meta_path.exists():
         return
     try:
         old = json.loads(meta_path.read_text()).get("settings", {})

@@ -84,7 +84,8 @@ class CompressedResult:
 
 
 def query_start_of(trial: Trial, query_start: int | None = None) -> int:
-    """The question's first position: ``query_start`` or ``trial.meta["query_start"]``.
+    """The question's first position: ``query_start`` or ``trial.meta["query_start"]``
+    (negative: counted from the end of the prompt).
 
     Raises:
         TrialError: neither given, or not inside ``[1, N - 1]``.
@@ -95,6 +96,8 @@ def query_start_of(trial: Trial, query_start: int | None = None) -> int:
             "compressed decoding needs where the question starts: the trial's "
             "meta['query_start'] is missing (organism trials carry it); pass query_start=")
     qs = int(qs)
+    if qs < 0:  # counted from the end of the prompt
+        qs += trial.n_tokens
     if not 1 <= qs <= trial.n_tokens - 1:
         raise TrialError(f"query_start={qs} must lie in [1, {trial.n_tokens - 1}] for a "
                          f"prompt of {trial.n_tokens} tokens")

@@ -31,6 +31,10 @@ def _rankings(rankings: Mapping[str, Any] | None, include: Sequence[str], shape:
     """``{name: (scores [L, H], allocation, meta)}``; ``"headkv"`` alone defaults to
     the proportional (HeadKV) allocation."""
     out: dict[str, tuple[np.ndarray, str, dict]] = {}
+    clash = sorted(set(rankings or {}) & set(include))
+    if clash:
+        raise LocosError(f"ranking name(s) {clash} clash with the built-in controls in "
+                         "include=; rename the ranking")
     for name, spec in (rankings or {}).items():
         alloc = "proportional" if name == "headkv" else default_allocation
         if isinstance(spec, tuple) and len(spec) == 2 and isinstance(spec[1], str):
@@ -97,13 +101,17 @@ def compression_sweep(
         allocation, unit, fraction, retained_fraction (measured entries), task, trial
         (id), trial_index, correct (first answer token), answer_correct (answer string
         in the response), output, answer, kv_bytes, full_kv_bytes, context_len,
-        retained_entries, full_entries, seed.
+        retained_entries, full_entries, seed, below_floor (the budget was below the
+        sinks + recent floor: every unit kept about the same shrunk window). ``task`` is
+        the trial's ``meta["task"]``, ``"(no task)"`` when it has none.
 
     Raises:
         TrialError: a trial without ``query_start``.
         LocosError: unknown built-in ranking, a ranking of the wrong shape.
     """
     trials = as_trial_list(trials, "compression_sweep")
+    if isinstance(include, str):
+        include = (include,)
     L, H, n_kv = n_heads_of(model)
     ranks = _rankings(rankings, include, (L, H), seed, allocation)
     fractions = [float(f) for f in fractions]
@@ -134,7 +142,8 @@ def compression_sweep(
                     rows.append({
                         "ranking": name, "allocation": alloc, "unit": unit,
                         "fraction": frac, "retained_fraction": r.retained_fraction,
-                        "task": trial.meta.get("task", ""), "trial": trial.trial_id,
+                        "task": trial.meta.get("task") or "(no task)",
+                        "trial": trial.trial_id,
                         "trial_index": i, "correct": r.first_token_correct,
                         "answer_correct": r.answer_correct, "output": r.text,
                         "answer": trial.answer, "kv_bytes": r.kv_bytes,

@@ -27,7 +27,7 @@ CARD_SETTINGS: dict[str, dict[str, Any]] = {
     "retrieval-2l": {"lengths": (64, 128, 256, 512, 1024), "primary_length": 64,
                      "mechanism_lengths": ()},
     "retrieval-long": {"lengths": (512, 1024, 2048, 4096), "primary_length": 1024,
-                       "mechanism_lengths": (512, 1024, 2048, 4096), "n_eval": 200,
+                       "mechanism_lengths": (1024, 2048), "n_eval": 200,
                        "n_ground_truth": 60, "n_mechanism": 40},
 }
 
@@ -149,7 +149,6 @@ def write_card(
     Returns:
         Path of the card.
     """
-    torch.set_num_threads(1)
     out = Path(out_dir)
 
     def say(line: str) -> None:

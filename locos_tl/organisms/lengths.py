@@ -37,12 +37,16 @@ def _fmt(hs: Sequence[Head]) -> str:
 def detector_scores(out_dir: str | Path, n_tokens: int, n_trials: int = 24,
                     seed: int = 2024) -> dict[str, np.ndarray]:
     """LOCOS and Wu scores ``[n_layers, n_heads]`` on ``n_trials`` non-literal trials of
-    ``n_tokens`` tokens (library scorer, TransformerLens bridge, raw variant)."""
+    ``n_tokens`` tokens (at most the model's ``n_ctx`` - 3, leaving room for the 3 decoded
+    tokens; library scorer, TransformerLens bridge, raw variant)."""
     from locos_tl import load_model, score_trials
 
     bridge = load_model(out_dir, device="cpu")
-    trials = make_trials("nonliteral", n_trials, n_tokens, seed=seed)
-    sc = score_trials(bridge, trials, methods=["locos", "wu"], progress=False)
+    # the answer and </s> are all that is decoded; the prompt leaves room for them
+    n_ctx = int(getattr(bridge.cfg, "n_ctx", n_tokens + 3) or n_tokens + 3)
+    trials = make_trials("nonliteral", n_trials, min(n_tokens, n_ctx - 3), seed=seed)
+    sc = score_trials(bridge, trials, methods=["locos", "wu"], max_new_tokens=3,
+                      progress=False)
     return {m: sc[m].scores.numpy() for m in ("locos", "wu")}
 
 
