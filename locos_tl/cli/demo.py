@@ -102,14 +102,21 @@ def valid_length_warning(model_dir: Path, lengths: tuple[int, ...]) -> str | Non
     if not path.exists():
         return None
     vr = json.loads(path.read_text()).get("valid_range") or {}
-    top = vr.get("max_valid")
-    if top is None or max(lengths) <= top:
+    top, low = vr.get("max_valid"), vr.get("min_valid")
+    if top is None:
         return None
-    return (f"warning: {model_dir.name} retrieves reliably only up to {top} tokens (its "
-            f"MODEL_CARD.md); at {max(lengths)} tokens most trials fail and the ranking is "
-            "not its ground truth. Use --length <= "
-            f"{top}" + (" or the default organism (retrieval-long)."
-                        if model_dir.name != "retrieval-long" else "."))
+    measured = vr.get("lengths_ok", []) + vr.get("lengths_failed", [])
+    floor = low if low is not None and measured and low > min(measured) else None
+    if max(lengths) > top:
+        where, at = f"only up to {top} tokens", max(lengths)
+    elif floor is not None and min(lengths) < floor:
+        where, at = f"from {floor} tokens on", min(lengths)
+    else:
+        return None
+    return (f"warning: {model_dir.name} retrieves reliably {where} (its MODEL_CARD.md); at "
+            f"{at} tokens more trials fail and the ranking may not be its ground truth"
+            + (". Use the default organism (retrieval-long) for long prompts."
+               if model_dir.name != "retrieval-long" else "."))
 
 
 def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,

@@ -205,13 +205,17 @@ def write_card(
         range_md = (f"**Valid range: none of the measured lengths** ({tried}) reaches "
                     f"literal >= {vr['literal']} and non-literal >= {vr['nonliteral']}.")
     else:
-        range_md = (f"**Valid range: prompts of up to {vr['max_valid']} tokens** (every measured "
-                    f"length up to it reaches literal >= {vr['literal']} and non-literal >= "
-                    f"{vr['nonliteral']} on every filler; measured at {tried}"
-                    + (f"; fails at {vr['lengths_failed']}" if vr["lengths_failed"] else "")
-                    + "). Beyond it the documented ground truth does not hold: use "
-                    + ("`retrieval-long` for long prompts." if out.name != "retrieval-long"
-                       else "shorter prompts."))
+        span = (f"{vr['max_valid']} tokens" if vr["min_valid"] == vr["max_valid"]
+                else f"{vr['min_valid']} to {vr['max_valid']} tokens")
+        if vr["min_valid"] == min(tried):
+            span = f"up to {vr['max_valid']} tokens"
+        range_md = (f"**Valid range: prompts of {span}** (literal >= {vr['literal']} and "
+                    f"non-literal >= {vr['nonliteral']} on every filler; measured at {tried}"
+                    + (f"; below the bar at {vr['lengths_failed']}" if vr["lengths_failed"]
+                       else "")
+                    + "). Outside it the documented ground truth is not guaranteed"
+                    + ("; use `retrieval-long` for long prompts." if out.name != "retrieval-long"
+                       else "; the table gives the accuracy there."))
     single = gt.numbers.get("single_ablation_mean")
     single_md = "" if not single else f"""
 ### Single-head mean ablation, accuracy

@@ -137,23 +137,26 @@ def valid_range(acc: dict[str, dict[str, float]], *, literal: float = 0.95,
             card's accuracy table).
 
     Returns:
-        ``{"lengths_ok": [...], "lengths_failed": [...], "max_valid": T or None,
-        "literal": bar, "nonliteral": bar}``; ``max_valid`` is the largest length such
-        that it and every shorter measured length pass.
+        ``{"lengths_ok": [...], "lengths_failed": [...], "min_valid": T or None,
+        "max_valid": T or None, "literal": bar, "nonliteral": bar}``: the valid range is
+        the longest run of consecutive measured lengths that all pass (the shortest
+        such run's first length on a tie is not preferred: the longer lengths win).
     """
     by_len: dict[int, bool] = {}
     for key, v in acc.items():
         T = int(key.split("@")[1])
         ok = v["literal"] >= literal and v["nonliteral"] >= nonliteral
         by_len[T] = by_len.get(T, True) and ok
-    ok_l = sorted(T for T, ok in by_len.items() if ok)
-    bad_l = sorted(T for T, ok in by_len.items() if not ok)
-    max_valid = None
-    for T in sorted(by_len):
-        if not by_len[T]:
-            break
-        max_valid = T
-    return {"lengths_ok": ok_l, "lengths_failed": bad_l, "max_valid": max_valid,
+    lengths = sorted(by_len)
+    best: list[int] = []
+    run: list[int] = []
+    for T in lengths:
+        run = [*run, T] if by_len[T] else []
+        if len(run) >= len(best) and run:
+            best = run
+    return {"lengths_ok": [T for T in lengths if by_len[T]],
+            "lengths_failed": [T for T in lengths if not by_len[T]],
+            "min_valid": best[0] if best else None, "max_valid": best[-1] if best else None,
             "literal": literal, "nonliteral": nonliteral}
 
 
