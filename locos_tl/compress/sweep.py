@@ -124,10 +124,9 @@ def compression_sweep(
     rows = []
     try:
         for i, trial in enumerate(trials):
-            given = trial.meta.get("query_start")
-            if given is None and query_start is not None:
-                given = query_start if query_start >= 0 else trial.n_tokens + query_start
-            qs = query_start_of(trial, given)
+            # the trial's own query_start wins; query_start_of reads negatives from the end
+            own = trial.meta.get("query_start")
+            qs = query_start_of(trial, own if own is not None else query_start)
             full = prefill_context(model, trial, qs)
             for name, (scores, alloc, meta) in ranks.items():
                 for frac in fractions:

@@ -92,12 +92,10 @@ def final_logits(model: Any, items: Sequence[Any], batch_size: int | None = None
         float32 ``[len(items), vocab]``.
     """
     out = torch.empty(len(items), model.config.vocab_size)
-    for n_tok, idx in _by_length(items).items():
-        bs = batch_size or _chunk(n_tok, 16384)
-        for k in range(0, len(idx), bs):
-            chunk = idx[k : k + bs]
-            ids = torch.tensor([_tokens(items[i]) for i in chunk])
-            out[chunk] = model(input_ids=ids, logits_to_keep=1).logits[:, -1].float()
+    cost, budget = ((lambda n: 1), batch_size) if batch_size else ((lambda n: n), 16384)
+    for chunk in _length_chunks(items, cost, budget):
+        ids = torch.tensor([_tokens(items[i]) for i in chunk])
+        out[chunk] = model(input_ids=ids, logits_to_keep=1).logits[:, -1].float()
     return out
 
 
