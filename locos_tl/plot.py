@@ -521,8 +521,12 @@ def compression_curves(
         ``y`` is the accuracy in [0, 1], ``x`` the retained share in percent.
 
     Raises:
-        ValueError: a required column is missing (the message names it), or no row.
+        ValueError: a required column is missing (the message names it), no row, or an
+            ``x`` other than ``"retained_fraction"`` / ``"fraction"``.
     """
+    if x not in ("retained_fraction", "fraction"):
+        raise ValueError(f"compression_curves: x={x!r}; use 'retained_fraction' (measured "
+                         "share kept) or 'fraction' (requested budget)")
     _check_columns(df, ["ranking", "task", "correct", x])
     if df.empty:
         raise ValueError("compression_curves: the data frame has no row")

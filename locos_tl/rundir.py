@@ -179,10 +179,11 @@ def load_head_scores(path: str | Path, method: str | None = None) -> HeadScores:
     Accepts a scoring run directory (one method or several, see the module layout), one
     of its method folders (``runs/x/wu``; read from the records when ``score_trials``
     wrote no folder), a :meth:`HeadScores.save` directory (e.g. ``locos patch``'s CRI),
-    or a directory holding a reference ``heads.json``.
+    or a directory holding a reference ``heads.json``; or one file: a reference
+    ``heads.json`` (any name ending ``.json``) or a ``head_scores.json``.
 
     Args:
-        path: the directory.
+        path: the directory or file.
         method: the method to read; None: the run's only method, else ``"locos"`` when
             the run has it.
 
@@ -196,6 +197,17 @@ def load_head_scores(path: str | Path, method: str | None = None) -> HeadScores:
         FileNotFoundError: nothing loadable at ``path``.
     """
     p = Path(path)
+    if p.is_file():
+        if p.name == "head_scores.json":
+            hs = HeadScores.load(p.parent)
+        elif p.suffix == ".json":
+            hs = HeadScores.from_reference_json(p)
+        else:
+            raise FileNotFoundError(f"{p} is a file but not head scores (a heads.json or "
+                                    "head_scores.json); pass it or its directory")
+        if method is not None and hs.method != method:
+            raise LocosError(f"{p} holds {hs.method!r} scores, not {method!r}")
+        return hs
     saved = (p / "head_scores.json").exists()
     methods = run_methods(p)
     if saved or ((p / "heads.json").exists() and methods is None):

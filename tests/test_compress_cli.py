@@ -210,3 +210,22 @@ def test_compress_refuses_an_out_dir_of_another_command(setup):
     res = runner.invoke(app, _args(setup, setup["tmp"] / "scores"))
     assert res.exit_code != 0 and "another command's run" in res.output
     assert (setup["tmp"] / "scores" / "meta.json").read_text() == meta
+
+
+def test_heads_takes_a_heads_json_file(setup, tmp_path):
+    """`--heads DIR/heads.json` (a file, as `HeadScores.save` writes it) is the same
+    ranking as the run it came from."""
+    from locos_tl.cli.compress import load_rankings
+
+    by_run = load_rankings([str(setup["tmp"] / "scores")])["locos"]
+    saved = by_run.save(tmp_path / "saved")
+    by_file = load_rankings([str(saved / "heads.json")])
+    assert len(by_file) == 1
+    (got,) = by_file.values()
+    assert got.top_k(5) == by_run.top_k(5)
+    assert got.scores.numpy() == pytest.approx(by_run.scores.numpy(), abs=1e-6)
+    full = load_rankings([f"mine={saved / 'head_scores.json'}"])
+    assert full["mine"].top_k(5) == by_run.top_k(5)
+    (tmp_path / "heads.txt").write_text("x")
+    with pytest.raises(FileNotFoundError, match="is a file but not head scores"):
+        load_rankings([str(tmp_path / "heads.txt")])

@@ -143,3 +143,15 @@ def test_sweep_refuses_a_ranking_named_like_a_control(organism):
                           include=("uniform",), progress=False)
     df = compression_sweep(organism, trials, None, (0.5,), include="uniform", progress=False)
     assert list(df["ranking"]) == ["uniform"]  # a bare string is one control, not letters
+
+
+@pytest.mark.parametrize("fractions", [(0.0, 0.5), (1.5,), ()])
+def test_sweep_refuses_fractions_the_cli_refuses(organism, fractions):
+    """The API takes the fractions `locos compress --fractions` takes: each in (0, 1]."""
+    from locos_tl.errors import LocosError
+    from locos_tl.organisms import make_trials
+
+    trials = make_trials("literal", 1, 96, seed=3)
+    with pytest.raises(LocosError, match=r"fractions must each lie in \(0, 1\]"):
+        compression_sweep(organism, trials, None, fractions, include="uniform",
+                          progress=False)

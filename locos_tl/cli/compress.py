@@ -87,7 +87,7 @@ def load_rankings(specs: list[str]) -> dict[str, Any]:
     methods gives one ranking per method (``locos``, ``wu``, ``headkv``; named
     ``NAME:method`` under ``NAME=``); any other directory
     :func:`locos_tl.rundir.load_head_scores` reads (a method folder, a ``HeadScores.save``
-    directory, a reference ``heads.json``) gives one, named by its method (or ``NAME``).
+    directory, a reference ``heads.json`` file or its directory) gives one, named by its method (or ``NAME``).
     Repeated names get the directory name appended.
 
     Raises:
@@ -101,7 +101,7 @@ def load_rankings(specs: list[str]) -> dict[str, Any]:
     for spec in specs:
         name, _, d = spec.rpartition("=") if "=" in spec else ("", "", spec)
         path = Path(d)
-        methods = run_methods(path)
+        methods = None if path.is_file() else run_methods(path)
         try:
             found = ([(m, load_head_scores(path, m)) for m in methods] if methods
                      else [(None, load_head_scores(path))])
@@ -231,7 +231,7 @@ def compress(
     model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
     heads: Annotated[list[str], typer.Option(
         help="Head scores: a `locos score` run directory (one ranking per method it "
-             "holds), a method folder or a heads.json dir; NAME=DIR to name it. "
+             "holds), a method folder, a heads.json file or its dir; NAME=DIR to name it. "
              "Repeatable.")],
     trials: Annotated[list[Path], typer.Option(
         help="Trials file (JSON lines); repeatable. Each trial's question starts at "
@@ -341,7 +341,8 @@ def compress(
         low = (sorted(df.loc[df["below_floor"].astype(bool), "fraction"].unique())
                if "below_floor" in df.columns else [])
         if low or floor:  # one note for the whole run, not one warning per trial
-            typer.secho(f"note: fractions {[float(f) for f in low] or ''} fell below the "
+            which = f"fractions {[float(f) for f in low]}" if low else "some fractions"
+            typer.secho(f"note: {which} fell below the "
                         f"sinks + recent floor ({sinks} + {min_recent} entries per unit) on "
                         "some trials: there every unit keeps about the same shrunk window; "
                         "raise the fraction or lower --sinks / --min-recent",

@@ -84,7 +84,8 @@ def compression_sweep(
         rankings: ``{name: scores}`` (HeadScores or ``[n_layers, n_heads]`` arrays) or
             ``{name: (scores, allocation)}``. ``"headkv"`` without an allocation uses
             ``"proportional"`` (HeadKV's published combination), others ``allocation``.
-        fractions: retained fractions of the context cache.
+        fractions: retained fractions of the context cache, each in ``(0, 1]`` (as
+            ``locos compress --fractions``; a log-scale curve has no 0).
         unit: ``"kv_group"`` or ``"query_head"``.
         include: built-in rankings: ``"uniform"`` (uniform allocation) and
             ``"random"`` (scores drawn with ``seed``, ``allocation``).
@@ -107,7 +108,8 @@ def compression_sweep(
 
     Raises:
         TrialError: a trial without ``query_start``.
-        LocosError: unknown built-in ranking, a ranking of the wrong shape.
+        LocosError: unknown built-in ranking, a ranking of the wrong shape, a fraction
+            outside ``(0, 1]`` or none.
     """
     trials = as_trial_list(trials, "compression_sweep")
     if isinstance(include, str):
@@ -115,6 +117,10 @@ def compression_sweep(
     L, H, n_kv = n_heads_of(model)
     ranks = _rankings(rankings, include, (L, H), seed, allocation)
     fractions = [float(f) for f in fractions]
+    bad = [f for f in fractions if not 0.0 < f <= 1.0]
+    if bad or not fractions:
+        raise LocosError(f"fractions must each lie in (0, 1] (a share of the KV cache, "
+                         f"0.1 = keep 10 %); got {bad or 'none'}")
     total = len(trials) * len(ranks) * len(fractions)
     bar = None
     if progress:

@@ -169,6 +169,7 @@ def make_example(
     task: Task,
     spec: ContextSpec = ContextSpec(),
     book: BookFiller | None = None,
+    needle_first: bool = False,
 ) -> Example:
     """Generate one prompt of exactly ``n_tokens`` tokens (``<s>`` ... ``Q X``).
 
@@ -178,6 +179,9 @@ def make_example(
         task: ``"literal"`` or ``"nonliteral"``.
         spec: entity counts.
         book: real-text filler; ``None``: synthetic frequency-weighted filler.
+        needle_first: put the needle pair before every other entity (so it sits early,
+            far from the question: depth about ``1 / (n_entities + 1)`` on average);
+            draws no extra randomness, so ``False`` leaves the stream unchanged.
 
     Raises:
         ValueError: ``n_tokens`` too small for the entities (needs about 2x their count).
@@ -211,6 +215,8 @@ def make_example(
         fill = book.window(rng, n_fill)
     # items go into random gaps of the filler sequence (order of filler preserved)
     order = rng.permutation(len(items))
+    if needle_first:
+        order = np.concatenate([[0], order[order != 0]])
     gaps = np.sort(rng.integers(0, n_fill + 1, size=len(items)))
     ids = [t.bos]
     needle_start = -1
@@ -256,6 +262,7 @@ def training_batch(
     eos_each: bool = False,
     book: BookFiller | None = None,
     p_book: float = 0.0,
+    p_needle_first: float = 0.0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """A batch of training sequences and the positions whose next token is trained.
 
@@ -265,6 +272,8 @@ def training_batch(
     is the trial format (about the needle), further questions ask about the distractor
     pairs (each pair once, random task). ``spec.n_pairs[0]`` must be >= ``n_questions``.
     With ``book``, a fraction ``p_book`` of the rows takes its filler from real book text.
+    A fraction ``p_needle_first`` of the rows puts the needle before every other entity
+    (long-distance retrieval; see :func:`make_example`); at 0 it draws no randomness.
 
     Returns:
         ``(ids, targets_pos)``: int64 ``[batch, total]``; int64 positions ``p`` whose
@@ -280,7 +289,8 @@ def training_batch(
     for b in range(batch_size):
         task: Task = "literal" if rng.random() < p_literal else "nonliteral"
         use_book = book is not None and p_book > 0 and rng.random() < p_book
-        ex = make_example(rng, n_tokens, task, spec, book if use_book else None)
+        first = p_needle_first > 0 and rng.random() < p_needle_first
+        ex = make_example(rng, n_tokens, task, spec, book if use_book else None, first)
         seq = ex.ids + [ex.answer_id] + ([t.eos] if eos_each else [])
         for q, a in ex.extra_questions[: n_questions - 1]:
             seq += q + [a] + ([t.eos] if eos_each else [])

@@ -77,6 +77,9 @@ class TrainConfig:
         p_book: fraction of task rows whose filler is real book text (from ``book_dir``,
             default ``../shared/data/haystack``; the file names are recorded).
         book_dir: directory of ``*.txt`` books for ``p_book``.
+        p_needle_first: fraction of task rows whose needle precedes every other entity
+            (early needles: the longest retrieval distances; see
+            :func:`~locos_tl.organisms.tasks.make_example`).
         lr_schedule: ``"constant"`` (``lr`` throughout: how ``retrieval-2l`` was trained)
             or ``"cosine"`` (linear warmup over ``warmup`` steps, cosine decay to 10 %).
     """
@@ -116,6 +119,7 @@ class TrainConfig:
     lr_schedule: str = "constant"
     p_book: float = 0.0
     book_dir: str | None = None
+    p_needle_first: float = 0.0
 
 
 def model_config(cfg: TrainConfig) -> Any:
@@ -303,7 +307,7 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, log=print) -> dic
     ckpt = _checkpoint_path(out_dir) if cfg.checkpoint_every else None
     if ckpt is not None and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
-        if st["config"] != _jsonable(asdict(cfg)):
+        if not _same_config(st["config"], cfg):
             raise ValueError(f"{ckpt} was written by another configuration; remove it or "
                              "train into another --out")
         model.load_state_dict(st["model"])
@@ -326,7 +330,8 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, log=print) -> dic
             B = cfg.batch_size
         n_tok = int(np_rng.integers(lo, hi + 1))
         ids, pos = training_batch(np_rng, B, n_tok, cfg.spec, cfg.p_literal,
-                                  cfg.n_questions, cfg.eos_each, book, cfg.p_book)
+                                  cfg.n_questions, cfg.eos_each, book, cfg.p_book,
+                                  cfg.p_needle_first)
         n_aux = int(round(cfg.aux_induction * B))
         if n_aux:
             ids = np.concatenate([ids, induction_batch(np_rng, n_aux, ids.shape[1])])
@@ -411,6 +416,14 @@ def _jsonable(x: Any) -> Any:
     if isinstance(x, (np.floating, np.integer)):
         return x.item()
     return x
+
+
+def _same_config(recorded: dict[str, Any], cfg: TrainConfig) -> bool:
+    """Whether a recorded configuration is ``cfg``; a field the record lacks (added to
+    :class:`TrainConfig` after it was written) counts as its default."""
+    default = _jsonable(asdict(TrainConfig()))
+    want = _jsonable(asdict(cfg))
+    return {**{k: v for k, v in default.items() if k not in recorded}, **recorded} == want
 
 
 def _preset_long() -> TrainConfig:
@@ -498,7 +511,7 @@ def train_stages(
         d = work / name
         log_path = d / "train_log.json"
         if log_path.exists() and "final" in json.loads(log_path.read_text()):
-            if json.loads(log_path.read_text())["config"] != _jsonable(asdict(run_cfg)):
+            if not _same_config(json.loads(log_path.read_text())["config"], run_cfg):
                 raise ValueError(f"stage {name!r} in {d} was trained with another "
                                  "configuration; remove that folder to retrain it")
             log(f"stage {name}: finished earlier, reusing {d}")
