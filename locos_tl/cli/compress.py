@@ -87,8 +87,8 @@ def load_rankings(specs: list[str]) -> dict[str, Any]:
     methods gives one ranking per method (``locos``, ``wu``, ``headkv``; named
     ``NAME:method`` under ``NAME=``); any other directory
     :func:`locos_tl.rundir.load_head_scores` reads (a method folder, a ``HeadScores.save``
-    directory, a reference ``heads.json`` file or its directory) gives one, named by its method (or ``NAME``).
-    Repeated names get the directory name appended.
+    directory, a reference ``heads.json`` file or its directory) gives one, named by its
+    method (or ``NAME``). Repeated names get the directory name appended.
 
     Raises:
         FileNotFoundError: a directory that does not exist or holds no head scores.

@@ -13,7 +13,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 
 from locos_tl.organisms import analysis as A
 from locos_tl.organisms.tasks import TASKS, BookFiller, default_book_dir, make_trials
@@ -28,7 +27,7 @@ CARD_SETTINGS: dict[str, dict[str, Any]] = {
                      "mechanism_lengths": ()},
     "retrieval-long": {"lengths": (512, 1024, 2048, 4096), "primary_length": 1024,
                        "mechanism_lengths": (1024, 2048), "n_eval": 200,
-                       "n_ground_truth": 60, "n_mechanism": 40},
+                       "n_ground_truth": 60, "n_mechanism": 40, "n_detector_eval": 100},
 }
 
 
@@ -389,40 +388,36 @@ Layer-0 previous-token attention from landmark positions:
 
 
 def detector_check(
-    out_dir: str | Path, n_trials: int = 60, n_eval: int = 200, ks: tuple[int, ...] = (1, 2, 3),
-    n_tokens: int | None = None,
+    out_dir: str | Path, n_trials: int = 60, n_eval: int | None = None,
+    ks: tuple[int, ...] = (1, 2, 3), n_tokens: int | None = None,
 ) -> tuple[str, dict[str, Any]]:
     """LOCOS vs Wu copy score on the organism's non-literal trials, with top-k ablation.
 
-    Scores heads with :func:`locos_tl.score_trials` (``methods=["locos", "wu"]``) on
-    ``n_trials`` non-literal trials (``n_tokens`` tokens, default the card's primary
-    length, seed 2024), then zero-ablates each
-    method's top-k heads (``output_zero``, :func:`locos_tl.ablation.ablate`) and measures
-    greedy accuracy on ``n_eval`` fresh non-literal and literal trials (seed 31).
+    Scores heads with :func:`locos_tl.organisms.lengths.detector_scores`
+    (:func:`locos_tl.score_trials`, ``methods=["locos", "wu"]``, through the
+    TransformerBridge) on ``n_trials`` non-literal trials (``n_tokens`` tokens,
+    default the card's primary length, seed 2024), then zero-ablates each method's top-k
+    heads (their output ``z`` before ``W_O`` set to 0, as ``output_zero`` of
+    :func:`locos_tl.ablation.ablate`; run on the HF checkpoint with
+    :func:`~locos_tl.organisms.analysis.ablate_heads`, which is several times faster at
+    1k+ tokens) and measures greedy accuracy on ``n_eval`` fresh non-literal and literal
+    trials (seed 31; default the card's ``n_detector_eval``, else 200).
 
     Returns:
         ``(markdown_section, json_record)``.
     """
-    from locos_tl import load_model, score_trials
-    from locos_tl.ablation import ablate
-    from locos_tl.organisms.vocab import token_to_id
+    from locos_tl.organisms.lengths import detector_scores
 
-    T = n_tokens or CARD_SETTINGS.get(Path(out_dir).name, {}).get("primary_length", 64)
-    bridge = load_model(out_dir, device="cpu")
-    trials = make_trials("nonliteral", n_trials, T, seed=2024)
-    sc = score_trials(bridge, trials, methods=["locos", "wu"], progress=False)
-    t2i = token_to_id()
+    settings = CARD_SETTINGS.get(Path(out_dir).name, {})
+    T = n_tokens or settings.get("primary_length", 64)
+    n_eval = n_eval or settings.get("n_detector_eval", 200)
+    sc = detector_scores(out_dir, T, n_trials, seed=2024)
+    hf = A.load_hf(out_dir)
     non = make_trials("nonliteral", n_eval, T, seed=31)
     lit = make_trials("literal", n_eval, T, seed=31)
 
-    @torch.no_grad()
     def acc(ts: list) -> float:
-        hits = 0
-        for i in range(0, len(ts), max(1, 8192 // T)):
-            chunk = ts[i : i + max(1, 8192 // T)]
-            lg = bridge(torch.tensor([list(t.tokens) for t in chunk]))[:, -1]
-            hits += int((lg.argmax(-1) == torch.tensor([t2i[t.answer] for t in chunk])).sum())
-        return hits / len(ts)
+        return A.accuracy(hf, ts)
 
     base = {"nonliteral": acc(non), "literal": acc(lit)}
     rows, rec = [], {"base": base, "scores": {m: sc[m].scores.tolist() for m in sc}, "topk": {}}
@@ -434,7 +429,7 @@ def detector_check(
             if m == "wu>0":  # only heads Wu actually selects (score > 0)
                 heads = [h for h in heads if h in wu_pos]
             if heads:
-                with ablate(bridge, heads, "output_zero"):
+                with A.ablate_heads(hf, heads, "zero"):
                     a_non, a_lit = acc(non), acc(lit)
             else:
                 a_non, a_lit = base["nonliteral"], base["literal"]

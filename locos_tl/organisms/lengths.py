@@ -35,10 +35,15 @@ def _fmt(hs: Sequence[Head]) -> str:
 
 
 def detector_scores(out_dir: str | Path, n_tokens: int, n_trials: int = 24,
-                    seed: int = 2024) -> dict[str, np.ndarray]:
-    """LOCOS and Wu scores ``[n_layers, n_heads]`` on ``n_trials`` non-literal trials of
-    ``n_tokens`` tokens (at most the model's ``n_ctx`` - 3, leaving room for the 3 decoded
-    tokens; library scorer, TransformerLens bridge, raw variant)."""
+                    seed: int = 2024) -> dict[str, Any]:
+    """LOCOS and Wu scores on ``n_trials`` non-literal trials of ``n_tokens`` tokens (at
+    most the model's ``n_ctx`` - 3, leaving room for the 3 decoded tokens; library scorer
+    through the TransformerBridge, raw variant).
+
+    Returns:
+        ``{"locos": HeadScores, "wu": HeadScores}`` (``.scores``: ``[n_layers, n_heads]``,
+        logits for LOCOS, attention mass for Wu).
+    """
     from locos_tl import load_model, score_trials
 
     bridge = load_model(out_dir, device="cpu")
@@ -47,7 +52,7 @@ def detector_scores(out_dir: str | Path, n_tokens: int, n_trials: int = 24,
     trials = make_trials("nonliteral", n_trials, min(n_tokens, n_ctx - 3), seed=seed)
     sc = score_trials(bridge, trials, methods=["locos", "wu"], max_new_tokens=3,
                       progress=False)
-    return {m: sc[m].scores.numpy() for m in ("locos", "wu")}
+    return {m: sc[m] for m in ("locos", "wu")}
 
 
 def mechanism_at(
@@ -92,7 +97,8 @@ def mechanism_at(
                              "nonliteral": A.accuracy(model, non)}
     att = np.asarray(gt.numbers["attention_nonliteral"]["needle_landmark"])
     writers = [tuple(h) for h in documented.nonliteral_writer]
-    det = detector_scores(out_dir, n_tokens, n_detector)
+    det = {m: hs.scores.numpy() for m, hs in detector_scores(out_dir, n_tokens,
+                                                             n_detector).items()}
     order = np.argsort(-det["locos"].ravel(), kind="stable")
     H = det["locos"].shape[1]
     rank = {h: int(np.nonzero(order == h[0] * H + h[1])[0][0]) + 1 for h in writers}

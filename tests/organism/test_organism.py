@@ -230,3 +230,21 @@ def test_retraining_reproduces(tmp_path, truth):
         for task in TASKS:
             new = A.accuracy(res["model"], make_trials(task, 300, int(T)))
             assert abs(new - accs[task]) <= 0.02, (task, T, new, accs[task])
+
+
+def test_hf_zero_ablation_is_bridge_output_zero(hf, bridge):
+    """The cards' ablations run on the HF checkpoint (`A.ablate_heads`, fast); they are
+    the library's `output_zero` through the bridge (`locos_tl.ablation.ablate`)."""
+    from locos_tl.ablation import ablate
+
+    ts = make_trials("nonliteral", 4, 64, seed=5)
+    ids = torch.tensor([list(t.tokens) for t in ts])
+    heads = [(1, 0), (0, 2), (1, 5)]
+    with torch.no_grad(), A.ablate_heads(hf, heads, "zero"):
+        ref = hf(input_ids=ids).logits
+    with torch.no_grad(), ablate(bridge, heads, "output_zero"):
+        got = bridge(ids)
+    with torch.no_grad():
+        plain = hf(input_ids=ids).logits
+    assert (ref - plain).abs().max() > 1e-2  # the ablation changes the output
+    torch.testing.assert_close(got, ref, atol=1e-4, rtol=1e-4)
