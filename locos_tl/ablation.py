@@ -44,7 +44,7 @@ from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from locos_tl.decode import prefill
+from locos_tl.engine import prefill
 from locos_tl.errors import TrialError
 from locos_tl.head_spec import HeadLike, as_int, parse_heads
 from locos_tl.heads import Head
@@ -393,7 +393,7 @@ def ablate(
     The hooks are registered interventions (:func:`locos_tl.interventions.intervene`):
     the bridge runs them as TransformerLens hooks (the reference), and the fast SDPA
     twin runs the same functions as module hooks on ``q_proj`` (output), ``q_norm``
-    (shared norm) or ``o_proj`` (input), so :func:`locos_tl.decode.prefill` keeps the
+    (shared norm) or ``o_proj`` (input), so :func:`locos_tl.engine.prefill` keeps the
     twin inside the block unless a hook the twin cannot reproduce (e.g. one a user
     attached) is also attached.
 

@@ -46,24 +46,20 @@ import torch
 from torch import Tensor
 
 from locos_tl.answers import GATE_THRESHOLD
-from locos_tl.decode import (
-    DecodeStep,
-    StopRule,
+from locos_tl.decode import DecodeStep, _PaddedValues
+from locos_tl.detectors import Detector
+from locos_tl.engine import (
     _aligned_values,
     _cache_values,
     _new_cache,
-    _PaddedValues,
     _pre_step_values,
     _sliding_layers,
-    _StopRules,
-    _StopState,
     _TwinScales,
-    check_stop_rule,
     prefill_with_rows,
 )
-from locos_tl.detectors import Detector
 from locos_tl.errors import TrialError
 from locos_tl.runner import _Collector, non_finite_record, run_trial, trial_record
+from locos_tl.stops import StopRule, _StopRules, _StopState, check_stop_rule
 from locos_tl.trials import Trial
 from locos_tl.unembed import AnswerDirections
 
@@ -150,7 +146,7 @@ def _decode_batch(
     cache = _new_cache(model)
 
     # each prompt (but its last token) is prefilled alone, exactly as at batch size 1
-    # (:func:`locos_tl.decode.prefill_with_rows`: SDPA twin, prompt rows for the HeadKV
+    # (:func:`locos_tl.engine.prefill_with_rows`: SDPA twin, prompt rows for the HeadKV
     # anchor), then the caches are left-padded with zeros (masked) into one batch cache,
     # layer by layer; a sliding-window layer keeps its last ``window - 1`` keys and
     # counts the padded length. Padding in the prefill would change float rounding.

@@ -590,13 +590,13 @@ class ScoreTask:
 @dataclass(frozen=True)
 class EnginePathsTask:
     """Which prefill and decode paths a worker's model takes
-    (:func:`locos_tl.decode.engine_paths`), for ``meta["engine"]``."""
+    (:func:`locos_tl.engine.engine_paths`), for ``meta["engine"]``."""
 
     prefill_mode: str = "auto"
     decode_engine: str = "auto"
 
     def __call__(self, host: ModelHost) -> dict[str, Any]:
-        from locos_tl.decode import engine_paths
+        from locos_tl.engine import engine_paths
 
         return engine_paths(host.model, self.prefill_mode, self.decode_engine)
 
@@ -751,7 +751,7 @@ def score_trials_distributed(
     variant = check_variant(variant)
     gate = GATE_THRESHOLD if gate_threshold is None else gate_threshold
     trials = list(trials)
-    from locos_tl.decode import check_stop_rule
+    from locos_tl.stops import check_stop_rule
 
     spec = ScoreSpec(methods=tuple(names), variant=variant, max_new_tokens=max_new_tokens,
                      gate_threshold=gate, prefill_mode=prefill_mode, chunk_size=chunk_size,

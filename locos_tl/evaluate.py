@@ -33,13 +33,14 @@ from locos_tl.ablation import (
     check_mode,
     random_heads,
 )
-from locos_tl.decode import StopRule, check_stop_rule, greedy_decode
+from locos_tl.decode import greedy_decode
 from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
 from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
+from locos_tl.stops import StopRule, check_stop_rule
 from locos_tl.task_metrics import DEFAULT_CONTROL_METRIC, Scorer, get_scorer, scorer_name
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 

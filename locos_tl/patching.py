@@ -35,7 +35,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from locos_tl.answers import answer_steps, answer_token_variants
-from locos_tl.decode import DecodeStep, _new_cache, greedy_decode
+from locos_tl.decode import DecodeStep, greedy_decode
+from locos_tl.engine import _new_cache
 from locos_tl.errors import TrialError
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores

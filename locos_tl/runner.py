@@ -25,10 +25,11 @@ import torch
 
 from locos_tl.acceptance import acceptance_counts
 from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
-from locos_tl.decode import DecodeResult, DecodeStep, StopRule, greedy_decode
+from locos_tl.decode import DecodeResult, DecodeStep, greedy_decode
 from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome
 from locos_tl.errors import NonFiniteError, TrialError
 from locos_tl.heads import HeadScores
+from locos_tl.stops import StopRule
 from locos_tl.trials import Trial, trial_set_hash
 from locos_tl.unembed import AnswerDirections
 

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from locos_tl.answers import GATE_THRESHOLD
-from locos_tl.decode import StopRule, check_stop_rule, engine_paths
 from locos_tl.detectors import get_detector
+from locos_tl.engine import engine_paths
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models import model_name
@@ -40,6 +40,7 @@ from locos_tl.runner import (  # re-exported: the runner's names stay importable
     run_trial,
     write_acceptance,
 )
+from locos_tl.stops import StopRule, check_stop_rule
 from locos_tl.trials import as_trial_list
 from locos_tl.unembed import AnswerDirections, check_variant
 
@@ -111,7 +112,7 @@ def score_trials(
         seed: bootstrap seed (decoding is greedy, hence deterministic).
         gate_threshold: ROUGE-1 recall a response must exceed to count.
         progress: show a tqdm bar over trials.
-        prefill_mode, chunk_size: see :func:`locos_tl.decode.prefill`.
+        prefill_mode, chunk_size: see :func:`locos_tl.engine.prefill`.
         stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
             newline token stops) or ``"contains_newline"``; recorded in ``meta.json``.
         thinking: skip a ``<think> ... </think>`` block before the stop rule, the gate
@@ -125,7 +126,7 @@ def score_trials(
             bridge whose recorded path and dtype are reused); identical scores; needs
             ``pip install "locos_tl[ray]"``. See :mod:`locos_tl.distributed`.
         decode_engine: ``"auto"`` (default), ``"twin"`` or ``"bridge"``: the engine of
-            the decode steps (:func:`locos_tl.decode.step_engine`). The prefill and
+            the decode steps (:func:`locos_tl.engine.step_engine`). The prefill and
             decode paths that ran, with any fallback reason, are recorded in
             ``meta.json`` and ``HeadScores.meta`` under ``"engine"``.
         batch_size: decode this many trials together on the model's plain HF twins

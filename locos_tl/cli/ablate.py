@@ -249,10 +249,10 @@ def ablate(
 ) -> None:
     """Ablate each ranking's top-k heads and score the answers (docs/concepts.md)."""
     from locos_tl.ablation import ABLATION_MODES, AblationMeans, calibrate_means
-    from locos_tl.decode import STOP_RULES
     from locos_tl.evaluate import evaluate, means_hash, summarize
     from locos_tl.models import load_model, model_name
     from locos_tl.plot import ablation_curves
+    from locos_tl.stops import STOP_RULES
     from locos_tl.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
     from locos_tl.trials import load_trials
 

@@ -167,7 +167,7 @@ def score(
                                                                "over 2 GPUs).")] = None,
 ) -> None:
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
-    from locos_tl.decode import STOP_RULES
+    from locos_tl.stops import STOP_RULES
     from locos_tl.unembed import VARIANTS
 
     # every option is checked before the model (or Ray) is loaded

@@ -1,12 +1,12 @@
 """Greedy decoding through a compressed KV cache (query-agnostic context compression).
 
 Protocol (one trial): the context ``[0, query_start)`` is prefilled with the normal full
-cache (:func:`locos_tl.decode.prefill`: the SDPA twin, or the bridge); the cache is
+cache (:func:`locos_tl.engine.prefill`: the SDPA twin, or the bridge); the cache is
 compressed per unit (:func:`locos_tl.compress.cache.compress_cache`: only the retained
 entries are copied into the compressed cache, so memory really drops); the question
 tokens ``[query_start, N)`` run through the compressed cache in one forward; greedy
 decoding continues with the same cache (new tokens always kept), stopping by the
-project's rules (:class:`locos_tl.decode._StopRules`: newline token, EOS, thinking
+project's rules (:class:`locos_tl.stops._StopRules`: newline token, EOS, thinking
 blocks). Positions are explicit (``position_ids``), so RoPE sees the original absolute
 positions.
 
@@ -106,8 +106,8 @@ def query_start_of(trial: Trial, query_start: int | None = None) -> int:
 
 def prefill_context(model: Any, trial: Trial, query_start: int) -> Any:
     """The full KV cache of the context ``trial.tokens[:query_start]``
-    (:func:`locos_tl.decode.prefill`)."""
-    from locos_tl.decode import prefill
+    (:func:`locos_tl.engine.prefill`)."""
+    from locos_tl.engine import prefill
 
     device = next(model.original_model.parameters()).device
     ids = torch.tensor([trial.tokens[:query_start]], dtype=torch.long, device=device)
@@ -139,7 +139,7 @@ def decode_compressed(
         ValueError: ``max_new_tokens`` < 1 or an unknown stop rule.
         NonFiniteError: a step's logits hold NaN or inf.
     """
-    from locos_tl.decode import _StopRules, check_stop_rule
+    from locos_tl.stops import _StopRules, check_stop_rule
 
     check_stop_rule(stop_rule)
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
