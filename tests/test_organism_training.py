@@ -167,3 +167,21 @@ def test_recorded_configurations_without_newer_fields_still_match():
     assert _same_config(old, TrainConfig())
     assert not _same_config(old, replace(TrainConfig(), p_needle_first=0.3))
     assert not _same_config({**old, "lr": 1.0}, TrainConfig())
+
+
+def test_rope_theta_reaches_the_checkpoint_config_and_changes_positions():
+    """`rope_theta` is the RoPE base of the built model (adjusted-base-frequency warm
+    starts): same weights, other base -> other logits; the default is the shipped 10000."""
+    from locos_tl.organisms.train import model_config
+
+    base = replace(TrainConfig(), n_layers=1, steps=1)
+    assert model_config(base).rope_parameters["rope_theta"] == 10000.0
+    wide = replace(base, rope_theta=1e5)
+    assert model_config(wide).rope_parameters["rope_theta"] == 1e5
+    m1, m2 = build_model(base), build_model(wide)
+    m2.load_state_dict(m1.state_dict())
+    ids = torch.tensor([make_trials("literal", 1, 64)[0].tokens])
+    with torch.no_grad():
+        a, b = m1(input_ids=ids).logits, m2(input_ids=ids).logits
+    assert torch.allclose(a[:, 0], b[:, 0], atol=1e-5)  # position 0: no rotation at all
+    assert (a[:, -1] - b[:, -1]).abs().max() > 1e-3

@@ -80,6 +80,9 @@ class TrainConfig:
         p_needle_first: fraction of task rows whose needle precedes every other entity
             (early needles: the longest retrieval distances; see
             :func:`~locos_tl.organisms.tasks.make_example`).
+        rope_theta: RoPE base frequency. Raising it on a warm start is "adjusted base
+            frequency" context extension (Xiong et al. 2023, arXiv 2309.16039): slower
+            rotations keep more of ``d_head`` usable for matching content far away.
         lr_schedule: ``"constant"`` (``lr`` throughout: how ``retrieval-2l`` was trained)
             or ``"cosine"`` (linear warmup over ``warmup`` steps, cosine decay to 10 %).
     """
@@ -120,6 +123,7 @@ class TrainConfig:
     p_book: float = 0.0
     book_dir: str | None = None
     p_needle_first: float = 0.0
+    rope_theta: float = 10000.0
 
 
 def model_config(cfg: TrainConfig) -> Any:
@@ -136,7 +140,7 @@ def model_config(cfg: TrainConfig) -> Any:
         num_key_value_heads=cfg.n_kv_heads,
         head_dim=cfg.d_head,
         max_position_embeddings=cfg.max_position,
-        rope_theta=10000.0,
+        rope_theta=cfg.rope_theta,
         tie_word_embeddings=True,
         bos_token_id=t2i[V.BOS],
         eos_token_id=t2i[V.EOS],
