@@ -101,6 +101,12 @@ def _long_text(cfg: dict[str, Any]) -> str:
     if cfg.get("p_book"):
         parts.append(f" {cfg['p_book']} of the task rows take their filler from the book "
                      "text of `../shared/data/haystack`.")
+    if cfg.get("p_needle_first"):
+        parts.append(f" {cfg['p_needle_first']} of the task rows put the needle before every "
+                     "other entity (early needles: the longest retrieval distances).")
+    if cfg.get("rope_theta", 10000.0) != 10000.0:
+        parts.append(f" RoPE base raised to {cfg['rope_theta']:g} (from 10000; adjusted base "
+                     "frequency, arXiv 2309.16039).")
     return "".join(parts)
 
 
