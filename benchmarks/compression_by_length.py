@@ -13,7 +13,7 @@ For each prompt length, on a shipped organism (default ``retrieval-long``, book 
 Writes ``compression_<T>.csv`` (the sweep's tidy frame) per length under ``--out``;
 a length already written is read back (resumable).
 
-Usage: ``python benchmarks/compression_by_length.py [--lengths 1024,2048,4096]
+Usage: ``python benchmarks/compression_by_length.py [--lengths 1024,2048,4088]
 [--n-eval 40] [--n-detect 16] [--out runs/compression_by_length]``
 """
 
@@ -51,7 +51,8 @@ def main(argv: list[str] | None = None) -> int:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default=LONG_ORGANISM)
-    ap.add_argument("--lengths", default="1024,2048,4096")
+    ap.add_argument("--lengths", default="1024,2048,4088",
+                    help="prompt lengths; at most n_ctx minus the decoded tokens (4088 for 4096)")
     ap.add_argument("--fractions", default=",".join(map(str, FRACTIONS)))
     ap.add_argument("--n-eval", type=int, default=40)
     ap.add_argument("--n-detect", type=int, default=16)

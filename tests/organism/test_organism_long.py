@@ -52,20 +52,20 @@ def test_shipped_train_log_is_the_recipe():
 
 
 def test_card_records_the_accuracy_and_its_valid_range(truth):
-    """Issue 13's bar (>= 0.95 literal, >= 0.90 non-literal) holds at 1024 tokens; at 2048
-    non-literal holds and literal is 0.94-0.945, just short of it (the card says so)."""
+    """Issue 13's bar (>= 0.95 literal, >= 0.90 non-literal) holds at 1024 and 2048 tokens
+    on both fillers, and the card's valid range is the table's."""
     from locos_tl.organisms.lengths import valid_range
 
     acc = truth["accuracy"]
     for filler in ("synthetic", "book"):
-        assert acc[f"{filler}@1024"]["literal"] >= 0.95
-        assert acc[f"{filler}@1024"]["nonliteral"] >= 0.90
-        assert acc[f"{filler}@2048"]["nonliteral"] >= 0.90
-        assert acc[f"{filler}@2048"]["literal"] >= 0.93
+        for T in (1024, 2048):
+            assert acc[f"{filler}@{T}"]["literal"] >= 0.95, (filler, T)
+            assert acc[f"{filler}@{T}"]["nonliteral"] >= 0.90, (filler, T)
     for T in (512, 4096):
         assert f"synthetic@{T}" in acc  # reported, no bar
     assert truth["valid_range"] == valid_range(acc)  # the card's range is the table's
-    assert truth["valid_range"]["min_valid"] <= 1024 <= truth["valid_range"]["max_valid"]
+    assert truth["valid_range"]["min_valid"] <= 1024
+    assert truth["valid_range"]["max_valid"] >= 2048
 
 
 @pytest.mark.parametrize("n_tokens", [1024, 2048])
@@ -73,7 +73,7 @@ def test_accuracy_on_fresh_prompts(hf, n_tokens):
     """Other seed than the card's: within sampling error of the card's bar."""
     for task in TASKS:
         acc = A.accuracy(hf, make_trials(task, 60, n_tokens, seed=909))
-        assert acc >= (0.9 if task == "literal" else 0.85), (task, n_tokens, acc)
+        assert acc >= 0.9, (task, n_tokens, acc)
 
 
 def test_mechanism_recorded_at_every_length(truth):
