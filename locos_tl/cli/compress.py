@@ -101,7 +101,7 @@ def load_rankings(specs: list[str]) -> dict[str, Any]:
     for spec in specs:
         name, _, d = spec.rpartition("=") if "=" in spec else ("", "", spec)
         path = Path(d)
-        methods = None if path.is_file() else run_methods(path)
+        methods = run_methods(path)  # None for a file or a non-run directory
         try:
             found = ([(m, load_head_scores(path, m)) for m in methods] if methods
                      else [(None, load_head_scores(path))])

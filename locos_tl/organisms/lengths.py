@@ -97,11 +97,10 @@ def mechanism_at(
                              "nonliteral": A.accuracy(model, non)}
     att = np.asarray(gt.numbers["attention_nonliteral"]["needle_landmark"])
     writers = [tuple(h) for h in documented.nonliteral_writer]
-    det = {m: hs.scores.numpy() for m, hs in detector_scores(out_dir, n_tokens,
-                                                             n_detector).items()}
-    order = np.argsort(-det["locos"].ravel(), kind="stable")
-    H = det["locos"].shape[1]
-    rank = {h: int(np.nonzero(order == h[0] * H + h[1])[0][0]) + 1 for h in writers}
+    scored = detector_scores(out_dir, n_tokens, n_detector)
+    det = {m: hs.scores.numpy() for m, hs in scored.items()}
+    ranked = [tuple(h) for h in scored["locos"].ranked()]  # ties broken by (layer, head)
+    rank = {h: ranked.index(h) + 1 for h in writers}
     w_abl = abl.get("nonliteral_writer", {"literal": float("nan"), "nonliteral": float("nan")})
     criteria = {
         "writers_attend_landmark": bool(writers) and all(att[h] >= 0.5 for h in writers),

@@ -455,8 +455,7 @@ def _stages_long() -> list[tuple[str, TrainConfig]]:
     2. real 1536-2560-token prompts only, 0.8 literal first questions, 500 steps
        (2048: literal 0.94, non-literal 0.99; but 1024 literal fell to 0.915);
     3. real 768-2560-token prompts, 6 rows, 0.6 literal, 300 steps at half the rate
-       (1024: 0.975 / 0.99; 2048: literal 0.945, non-literal 0.985).
-
+       (1024: 0.975 / 0.99; 2048: literal 0.945, non-literal 0.985);
     4. the RoPE base raised from 10000 to 500000 (adjusted base frequency, arXiv
        2309.16039), 0.4 of the rows with the needle before every other entity, 0.7
        literal, 600 steps at 5e-4 (2048: literal 1.00, non-literal 0.985 on held-out
