@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new", type=int, default=8, help="decode steps timed per run")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
-    from locos_tl.compress import compressed_generate, kv_budgets
+    from locos_tl.compress import compressed_generate, context_capacity, kv_budgets
     from locos_tl.compress.generate import n_heads_of, prefill_context
     from locos_tl.decode import greedy_decode
     from locos_tl.trials import Trial
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> None:
         prefill_s = time.perf_counter() - t0
         full_ms = 1e3 * max(full_s - prefill_s, 0.0) / a.new
         for f in (float(x) for x in a.fractions.split(",")):
-            b = kv_budgets(scores, f, n - 2, n_kv)
+            b = kv_budgets(scores, f, n - 2, n_kv, capacity=context_capacity(model, n - 2))
             compressed_generate(model, trial, b, max_new_tokens=2, full_cache=full)  # warm
             if cuda:
                 torch.cuda.synchronize()

@@ -44,9 +44,9 @@ class SleepTask:
 
 def _model_dir(tmp: Path) -> tuple[Path, str]:
     try:
-        from locos_tl.organisms import DEFAULT_ORGANISM
+        from locos_tl.organisms import SMALL_ORGANISM
 
-        org = Path(DEFAULT_ORGANISM)
+        org = Path(SMALL_ORGANISM)
         if (org / "config.json").exists():
             return org, f"organism {org.name}"
     except ImportError:

@@ -98,15 +98,23 @@ class AblationMeans:
 
         Raises:
             FileNotFoundError: no such file.
+            DataFormatError: the file is no safetensors file, or lacks tensor ``q``/``z``.
         """
-        from safetensors import safe_open
+        from safetensors import SafetensorError, safe_open
+
+        from locos_tl.errors import DataFormatError
 
         path = Path(path)
         if not path.exists():
             raise FileNotFoundError(f"no calibration means at {path}")
-        with safe_open(str(path), framework="pt") as f:
-            info = json.loads((f.metadata() or {}).get("locos_tl", "{}"))
-            q, z = f.get_tensor("q"), f.get_tensor("z")
+        try:
+            with safe_open(str(path), framework="pt") as f:
+                info = json.loads((f.metadata() or {}).get("locos_tl", "{}"))
+                q, z = f.get_tensor("q"), f.get_tensor("z")
+        except (SafetensorError, ValueError) as exc:
+            raise DataFormatError(
+                f"{path} is not a calibration means file (a .safetensors file with tensors "
+                f"q and z, as `locos calibrate` / AblationMeans.save write): {exc}") from None
         return cls(q=q, z=z, n_prompts=int(info.get("n_prompts", 0)),
                    n_tokens=int(info.get("n_tokens", 0)), meta=dict(info.get("meta", {})))
 

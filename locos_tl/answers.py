@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 import weakref
-from collections.abc import Sequence
+from collections.abc import Container, Iterable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -78,14 +78,35 @@ def response_start(
         ``0`` without thinking; ``len(generated)`` when a block is still open at the end
         (no response yet).
     """
-    opened, closed = think_token_ids(tokenizer)
-    in_think, start = thinking_open, 0
-    for i, g in enumerate(generated):
+    in_think, start = scan_think(generated, *think_token_ids(tokenizer),
+                                 in_think=thinking_open)
+    return len(generated) if in_think else start
+
+
+def scan_think(
+    ids: Iterable[int], opened: Container[int], closed: Container[int], *,
+    in_think: bool = False,
+) -> tuple[bool, int]:
+    """Walk token ids through ``<think> ... </think>`` blocks: the one scan behind
+    :func:`response_start` and the prompt state of greedy decoding
+    (:class:`locos_tl.stops._StopRules`).
+
+    Args:
+        ids: token ids, in order.
+        opened, closed: the ids that open and close a block (:func:`think_token_ids`).
+        in_think: a block is open before ``ids`` (the prompt left one open).
+
+    Returns:
+        ``(open, after)``: whether a block is still open after the last id, and the
+        index just past the last closing token (``0`` without one).
+    """
+    after = 0
+    for i, g in enumerate(ids):
         if g in opened:
             in_think = True
         elif g in closed:
-            in_think, start = False, i + 1
-    return len(generated) if in_think else start
+            in_think, after = False, i + 1
+    return in_think, after
 
 
 @lru_cache(maxsize=4)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,6 +178,7 @@ def evaluate(
     progress: bool = True,
     workers: int = 1,
     ray_address: str | None = None,
+    on_resume: Callable[[int, int], None] | None = None,
     **distributed_kwargs: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
@@ -224,6 +225,9 @@ def evaluate(
             identical results; needs ``pip install "locos_tl[ray]"``. See
             :func:`locos_tl.distributed.generate_ablated_distributed`.
         ray_address: a running Ray cluster; None starts a local one for the run.
+        on_resume: with ``out_dir``, called once before any generation as
+            ``on_resume(n_reused, n_generations)``: how many finished generations the
+            run reuses (its own reuse rule; ``locos ablate`` prints it).
         **distributed_kwargs: more options of the distributed run (``pool``,
             ``load_kwargs``, ``num_gpus_per_worker``, ...).
 
@@ -297,6 +301,8 @@ def evaluate(
                 responses[(key, t.trial_id)] = rec["response"]
             else:
                 todo.append((key, t))
+    if on_resume is not None and store is not None:
+        on_resume(len(sets) * len(trials) - len(todo), len(sets) * len(trials))
 
     def keep(key: str, t: Trial, text: str, generated: list[int], stopped_by: str) -> None:
         responses[(key, t.trial_id)] = text

@@ -55,21 +55,29 @@ def model_dims(model: Any) -> tuple[int, int]:
                             "(expected a TransformerBridge with .cfg)") from None
 
 
-def as_int(x: Any, what: str) -> int:
+def as_int(x: Any, what: str, error: type[Exception] = HeadSpecError) -> int:
     """``x`` as a Python int; refuses bools, floats (even ``2.0``) and strings.
 
-    Accepts Python ints, numpy integers and one-element integer torch tensors.
+    Accepts Python ints, numpy integers and one-element integer torch tensors. The one
+    integer check of the package (head indices, counts, token ids, span bounds).
+
+    Args:
+        x: the value.
+        what: its name, for the message (e.g. ``"k"``, ``"Trial.tokens[3]"``).
+        error: the exception class raised (e.g. :class:`~locos_tl.errors.TrialError`
+            for a trial's fields).
 
     Raises:
-        HeadSpecError: ``x`` is not an integer; the message names ``what``.
+        HeadSpecError: (or ``error``) ``x`` is not an integer; the message names
+            ``what`` and the value's type.
     """
     dtype = str(getattr(x, "dtype", ""))
-    if isinstance(x, bool) or any(s in dtype for s in ("bool", "float", "complex")):
-        raise HeadSpecError(f"{what} must be an integer, got {x!r}")
-    try:
-        return operator.index(x)
-    except TypeError:
-        raise HeadSpecError(f"{what} must be an integer, got {x!r}") from None
+    if not isinstance(x, bool) and not any(s in dtype for s in ("bool", "float", "complex")):
+        try:
+            return operator.index(x)
+        except TypeError:
+            pass
+    raise error(f"{what} must be an integer, got {type(x).__name__} {x!r}")
 
 
 def as_count(k: Any, what: str = "k") -> int:

@@ -23,7 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from locos_tl.errors import DataFormatError, NoAcceptedTrialError
-from locos_tl.head_spec import as_count
+from locos_tl.head_spec import HeadSpecError, as_count
 
 Head = tuple[int, int]
 
@@ -196,20 +196,31 @@ class HeadScores:
 
         Raises:
             LocosError: no head has a score (no accepted trial); ``k`` is not an
-                integer >= 0 (``HeadSpecError``).
+                integer in ``0..n_layers * n_heads`` (``HeadSpecError``, a
+                ``ValueError``, naming the model's head count).
         """
+        n = self._count(k)
         self.warn_if_all_zero()
-        return self._order(True)[:as_count(k)]
+        return self._order(True)[:n]
 
     def bottom_k(self, k: int) -> list[Head]:
         """The ``k`` lowest-scoring heads (the bottom-k ablation control).
 
         Raises:
             LocosError: no head has a score (no accepted trial); ``k`` is not an
-                integer >= 0 (``HeadSpecError``).
+                integer in ``0..n_layers * n_heads`` (``HeadSpecError``).
         """
+        n = self._count(k)
         self.warn_if_all_zero()
-        return self._order(False)[:as_count(k)]
+        return self._order(False)[:n]
+
+    def _count(self, k: int) -> int:
+        """``k`` as a head count of this model (``HeadSpecError`` above the total)."""
+        n, total = as_count(k), self.n_layers * self.n_heads
+        if n > total:
+            raise HeadSpecError(f"k = {n} is more heads than there are: {total} in all "
+                                f"({self.n_layers} layers x {self.n_heads} heads)")
+        return n
 
     # -- tables and files -------------------------------------------------------
     def to_frame(self) -> pd.DataFrame:

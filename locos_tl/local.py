@@ -1,8 +1,9 @@
 """The local executor: runs trials one after another in this process.
 
 It only schedules: each trial goes through the one trial runner
-(:func:`locos_tl.runner.run_trial`); :func:`locos_tl.score.score_trials` does the run's
-bookkeeping (settings, resume, acceptance, aggregation) around it. The Ray executor
+(:func:`locos_tl.runner.run_trial`); the run's bookkeeping (settings, resume,
+acceptance, aggregation) is the runner's :class:`~locos_tl.runner.ScoringRun`, which
+:func:`locos_tl.score.score_trials` builds around it. The Ray executor
 (:mod:`locos_tl.distributed`) is its sibling; neither imports the other.
 
 :func:`run_chunk` is the seam for batched decoding: it receives a chunk of trials and

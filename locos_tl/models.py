@@ -55,8 +55,12 @@ def load_model(
     """Load a Hugging Face causal LM as a TransformerLens ``TransformerBridge``.
 
     Args:
-        name_or_path: a hub name (``"Qwen/Qwen3-8B"``) or a local directory holding
-            ``config.json``, weights and tokenizer files (loaded offline).
+        name_or_path: a hub name (``"Qwen/Qwen3-8B"``); a local directory holding
+            ``config.json``, weights and tokenizer files (loaded offline); a ``.gguf``
+            file (dequantized to float32 once and cached as a directory keyed by the
+            file's SHA-256, :mod:`locos_tl.gguf_cache`; needs the ``gguf`` extra); or
+            the name of a known real model fetched with ``locos models fetch NAME``
+            (``"smollm2-135m-instruct"``, ``"gemma-3-270m"``; :mod:`locos_tl.zoo`).
         device: ``"cpu"``, ``"cuda"``, ...; default: CUDA when available.
         dtype: ``"float32"`` (default), ``"bfloat16"``, ``"float16"`` or a torch dtype.
         device_map: passed through to the HF model (accelerate placement), e.g.
@@ -68,11 +72,15 @@ def load_model(
     Raises:
         ModelLoadError: the local directory does not exist or lacks ``config.json``;
             the hub name is unknown or unreachable offline; the architecture has no
-            TransformerLens adapter.
+            TransformerLens adapter; a known real model is not fetched; a GGUF file
+            transformers cannot read.
     """
     from transformer_lens import TransformerBridge
 
-    name = str(name_or_path)
+    from locos_tl.zoo import resolve_checkpoint
+
+    local = resolve_checkpoint(name_or_path)  # a registry name or a .gguf file
+    name = str(local if local is not None else name_or_path)
     torch_dtype = resolve_dtype(dtype)
     device = str(device) if device is not None else default_device()
     path = Path(name).expanduser()

@@ -364,6 +364,7 @@ def patch_heads(
     swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
     out_dir: str | Path | None = None,
     progress: bool = True,
+    on_resume: Callable[[int, int], None] | None = None,
 ) -> HeadScores:
     """Causal retrieval importance of every head (docs/concepts.md), over trials.
 
@@ -383,6 +384,9 @@ def patch_heads(
         filler, swap_names: see :func:`corrupt_tokens`.
         out_dir: run directory (``trials.jsonl``, ``meta.json``); resumable.
         progress: tqdm bar over trials.
+        on_resume: with ``out_dir``, called once before any patching as
+            ``on_resume(n_reused, n_trials)`` (its own reuse rule; ``locos patch``
+            prints it).
 
     Returns:
         ``HeadScores(method="cri")``: ``[n_trials, n_layers, n_heads]`` per-trial CRI in
@@ -418,9 +422,12 @@ def patch_heads(
     meta = provenance(model, settings)
     if store is not None:
         store.write_meta(meta)
+    reused = [store.get(t.trial_id) if store is not None else None for t in trials]
+    if on_resume is not None and store is not None:
+        on_resume(sum(r is not None for r in reused), len(trials))
     records = []
-    for t in tqdm(trials, desc="patching heads", unit="trial", disable=not progress):
-        rec = store.get(t.trial_id) if store is not None else None
+    for t, rec in zip(tqdm(trials, desc="patching heads", unit="trial",
+                           disable=not progress), reused, strict=True):
         if rec is None:
             rec = cri_trial(model, t, corruption=corruption, batch_size=batch_size,
                             chunk_size=chunk_size, answer_position=answer_position,

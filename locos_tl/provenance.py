@@ -51,4 +51,19 @@ def provenance(model: Any = None, settings: dict[str, Any] | None = None) -> dic
             "weight_processing": "compatibility" if getattr(model, "compatibility_mode", False)
             else "raw_hf",
         }
+        source = _gguf_source(out["model"]["name"])
+        if source is not None:  # dequantized from a GGUF file (locos_tl.gguf_cache)
+            out["model"]["source"] = source
     return out
+
+
+def _gguf_source(name: str) -> dict[str, Any] | None:
+    """Source GGUF file, SHA-256 and quantization type of a checkpoint prepared by
+    :func:`locos_tl.gguf_cache.prepare_gguf`, or None for any other checkpoint."""
+    from locos_tl.gguf_cache import read_source
+
+    rec = read_source(name)
+    if rec is None:
+        return None
+    keys = ("registry_name", "source_file", "sha256", "quantization", "size_bytes")
+    return {"format": "gguf", **{k: rec.get(k) for k in keys}}

@@ -27,7 +27,6 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from locos_tl.acceptance import acceptance_counts
 from locos_tl.errors import LocosError
 from locos_tl.heads import HeadScores
 from locos_tl.records import META_FILE, RECORDS_FILE, read_records
@@ -108,6 +107,14 @@ def prune_stale_methods(
     if (out / RECORDS_FILE).exists() and _csv_methods(out / "scores.csv") - keep:
         (out / "scores.csv").unlink()
         removed.append("scores.csv")
+    gone = [r[:-1] for r in removed if r.endswith("/")]
+    if gone:  # never silently (`locos score` keeps them: it scores every method of a run)
+        import warnings
+
+        warnings.warn(f"{out}: removed the folders of {', '.join(gone)}, methods this run "
+                      f"does not score ({', '.join(sorted(keep))}); include them in methods "
+                      "to keep them (their trial records are reused)", UserWarning,
+                      stacklevel=3)
     return removed
 
 
@@ -164,13 +171,15 @@ def _from_records(path: Path, method: str) -> HeadScores:
     shape = meta.get("model", {})
     if "n_layers" not in shape or "n_heads" not in shape:
         raise LocosError(f"{path}/{META_FILE} does not record the model's shape")
-    recs = list(records.values())
-    counts = acceptance_counts(recs, method)  # per-method acceptance (locos_tl.acceptance)
-    return HeadScores.from_records(
-        recs, method, n_layers=int(shape["n_layers"]), n_heads=int(shape["n_heads"]),
-        variant=str(settings.get("variant", "")), meta={**meta, **counts},
-        seed=int(settings.get("seed", 0)),
-    )
+    from types import SimpleNamespace
+
+    from locos_tl.runner import aggregate  # the one path from records to HeadScores
+
+    dims = SimpleNamespace(cfg=SimpleNamespace(n_layers=int(shape["n_layers"]),
+                                               n_heads=int(shape["n_heads"])))
+    return aggregate(list(records.values()), [method], model=dims,  # type: ignore[return-value]
+                     variant=str(settings.get("variant", "")), meta=meta,
+                     seed=int(settings.get("seed", 0)), as_dict=False, warn=False)
 
 
 def load_head_scores(path: str | Path, method: str | None = None) -> HeadScores:

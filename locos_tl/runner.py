@@ -2,9 +2,10 @@
 
 Data flows one way (docs/architecture.md, "Executors above the runner"): this module
 decodes one trial and turns it into a record (:func:`run_trial`), and holds what a run
-needs around that (settings and resume keys, reusable records, validation, acceptance
-and aggregation into :class:`~locos_tl.heads.HeadScores`). Executors sit above it and
-only schedule: the local executor (:mod:`locos_tl.local`) and the Ray executor
+needs around that, built once for every executor: :func:`check_run_options` (the
+checked arguments) and :class:`ScoringRun` (settings and resume keys, reusable records,
+acceptance and aggregation into :class:`~locos_tl.heads.HeadScores`). Executors sit
+above it and only schedule: the local executor (:mod:`locos_tl.local`) and the Ray executor
 (:mod:`locos_tl.distributed`); neither imports the other, and
 :func:`locos_tl.score.score_trials` picks one.
 
@@ -18,7 +19,9 @@ and move to the host once per trial.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -26,12 +29,15 @@ import torch
 from locos_tl.acceptance import acceptance_counts
 from locos_tl.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
 from locos_tl.decode import DecodeResult, DecodeStep, greedy_decode
-from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome
+from locos_tl.detectors import SPAN_NAMES, Detector, TrialOutcome, get_detector
 from locos_tl.errors import NonFiniteError, TrialError
+from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
-from locos_tl.stops import StopRule
-from locos_tl.trials import Trial, trial_set_hash
-from locos_tl.unembed import AnswerDirections
+from locos_tl.records import RecordStore
+from locos_tl.rundir import prune_stale_methods
+from locos_tl.stops import StopRule, check_stop_rule
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
+from locos_tl.unembed import AnswerDirections, check_variant
 
 RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold", "stop_rule",
                "thinking")
@@ -131,6 +137,184 @@ def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -
                 f"trial {i} ({t.trial_id}): token id {max(t.tokens)} outside the model's "
                 f"vocabulary of {d_vocab} (trials built with another tokenizer?)"
             )
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """The checked inputs of one scoring run, the same for every executor
+    (:func:`check_run_options`; built before any model or Ray work).
+
+    Attributes:
+        trials: the trials, in input order (the order of the aggregated scores).
+        methods: the method names sharing one decode pass.
+        detectors: one detector a method, each reading its span.
+        overrides: the per-method span overrides as given (``{"locos": "answer"}``).
+        variant, max_new_tokens, gate_threshold, stop_rule, thinking, seed: as in
+            :func:`locos_tl.score.score_trials`.
+        as_dict: return ``{method: HeadScores}`` (``methods=[...]`` was given).
+    """
+
+    trials: tuple[Trial, ...]
+    methods: tuple[str, ...]
+    detectors: tuple[Detector, ...]
+    overrides: dict[str, str]
+    variant: str
+    max_new_tokens: int
+    gate_threshold: float
+    stop_rule: str
+    thinking: bool
+    seed: int
+    as_dict: bool
+
+    @property
+    def spans(self) -> dict[str, str]:
+        """Method -> the span name its detector reads (:func:`method_spans`)."""
+        return method_spans(self.detectors)
+
+
+def check_run_options(
+    trials: Any, *, method: str | None = None, methods: Sequence[str] | str | None = None,
+    spans: dict[str, str] | None = None, variant: str = "raw", max_new_tokens: int = 50,
+    gate_threshold: float | None = None, stop_rule: str = "newline_token",
+    thinking: bool = True, seed: int = 0, where: str = "score_trials",
+) -> RunOptions:
+    """Check a scoring run's arguments (every executor calls this once, first).
+
+    Args:
+        trials: a sequence of :class:`Trial` (one bare Trial is refused).
+        method, methods: one method name, or several sharing the decode pass (one name
+            as a string is one method; then a dict is returned); not both. Default
+            ``"locos"``.
+        gate_threshold: None: :data:`locos_tl.answers.GATE_THRESHOLD`.
+        where: the caller's name, for the messages.
+        spans, variant, max_new_tokens, stop_rule, thinking, seed: as in
+            :func:`locos_tl.score.score_trials`.
+
+    Raises:
+        ValueError: both or no method, an unknown method, variant, span or stop rule,
+            a span override for a method that is not scored, no trial, or
+            ``max_new_tokens`` < 1.
+        TrialError: ``trials`` is one bare Trial or holds a non-Trial.
+    """
+    trials = as_trial_list(trials, where)
+    if isinstance(methods, str):  # one name, as methods=[name] (a dict is returned)
+        methods = [methods]
+    if method is not None and methods is not None:
+        raise ValueError(f"give method or methods, not both (method={method!r}, methods="
+                         f"{list(methods)!r}): methods=[...] scores every name in it")
+    if method is None:
+        method = "locos"
+    if not isinstance(method, str):
+        raise ValueError(f"method must be one method name, got {method!r}; pass several "
+                         "as methods=[...]")
+    names = list(methods) if methods is not None else [method]
+    if not names:
+        raise ValueError("no method given")
+    overrides = check_spans(spans, names)
+    detectors = tuple(get_detector(m, span=overrides.get(m))  # type: ignore[arg-type]
+                      for m in names)
+    variant = check_variant(variant)
+    if not trials:
+        raise ValueError("no trials to score")
+    if as_int(max_new_tokens, "max_new_tokens") < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return RunOptions(
+        trials=tuple(trials), methods=tuple(names), detectors=detectors, overrides=overrides,
+        variant=variant, max_new_tokens=max_new_tokens,
+        gate_threshold=GATE_THRESHOLD if gate_threshold is None else gate_threshold,
+        stop_rule=check_stop_rule(stop_rule), thinking=thinking, seed=seed,
+        as_dict=methods is not None)
+
+
+def reused_records(
+    store: Any, trials: Sequence[Trial], methods: Sequence[str],
+    spans: dict[str, str] | None = None,
+) -> list[dict[str, Any] | None]:
+    """The reuse rule over a run's trials: each trial's stored record when it can be
+    reused (:func:`finished_record`), else None. The one place that decides what a
+    resumed run skips, for both executors and for the count a command prints."""
+    return [finished_record(store, t, methods, spans) for t in trials]
+
+
+class ScoringRun:
+    """One scoring run's bookkeeping, built once for every executor.
+
+    Executors only schedule: they run :attr:`todo` through :func:`run_trial` (here, or
+    on Ray workers), hand each record to :meth:`keep`, and return :meth:`finish`. A run
+    directory is then the same whichever executor wrote it (and either resumes it).
+
+    Construction checks that every trial fits ``model`` and opens the run directory
+    (settings, resume keys); :meth:`start` writes ``meta.json`` and decides which
+    records are reused.
+
+    Args:
+        options: the checked run (:func:`check_run_options`).
+        model: the bridge, or any object with the workers' model ``cfg`` (``n_layers``,
+            ``n_heads``, ``n_ctx``, ``d_vocab``).
+        model_name, dtype: recorded in the settings (:func:`run_settings`).
+        out_dir: the run directory (:mod:`locos_tl.rundir`); None: nothing is written.
+
+    Raises:
+        TrialError: a trial does not fit the model (:func:`check_trials_fit`).
+        LocosError: ``out_dir`` holds a run made with other settings or over another
+            trial set.
+    """
+
+    def __init__(self, options: RunOptions, model: Any, *, model_name: str, dtype: str,
+                 out_dir: str | Path | None = None) -> None:
+        o = self.options = options
+        self.model = model
+        check_trials_fit(model, o.trials, o.max_new_tokens)
+        self.out_dir = out_dir
+        self.settings = run_settings(
+            model_name, dtype, variant=o.variant, methods=o.methods,
+            max_new_tokens=o.max_new_tokens, gate_threshold=o.gate_threshold, seed=o.seed,
+            trials=o.trials, stop_rule=o.stop_rule, thinking=o.thinking, spans=o.spans)
+        self.store = (RecordStore(out_dir, self.settings, RESUME_KEYS)
+                      if out_dir is not None else None)
+        self.meta: dict[str, Any] = {"settings": self.settings}
+        self.records: list[dict[str, Any] | None] = [None] * len(o.trials)
+        self.todo: list[int] = []
+
+    def start(self, meta: dict[str, Any],
+              on_resume: Callable[[int, int], None] | None = None) -> list[Trial]:
+        """Write ``meta.json`` (``meta``: provenance, engine paths, ...; the settings
+        are added) and remove other methods' outputs; take the reusable records.
+
+        Args:
+            meta: the run's provenance (:func:`locos_tl.provenance.provenance`) and
+                extras such as ``"engine"``.
+            on_resume: called once, with a run directory, as ``on_resume(n_reused,
+                n_trials)`` (e.g. to say what a resumed run skips).
+
+        Returns:
+            The trials still to run (:attr:`todo`, in input order).
+        """
+        self.meta = {**meta, "settings": self.settings}
+        if self.store is not None:
+            self.store.write_meta(self.meta)
+            prune_stale_methods(self.out_dir, self.options.methods)  # outputs follow meta
+        o = self.options
+        self.records = reused_records(self.store, o.trials, o.methods, o.spans)
+        self.todo = [i for i, rec in enumerate(self.records) if rec is None]
+        if on_resume is not None and self.store is not None:
+            on_resume(len(self.records) - len(self.todo), len(self.records))
+        return [o.trials[i] for i in self.todo]
+
+    def keep(self, j: int, record: dict[str, Any]) -> None:
+        """Store the record of ``todo[j]`` (appended to ``trials.jsonl`` at once)."""
+        if self.store is not None:
+            self.store.append(record)
+        self.records[self.todo[j]] = record
+
+    def finish(self) -> HeadScores | dict[str, HeadScores]:
+        """Acceptance into ``meta.json``, and the head scores of every method
+        (:func:`aggregate`, records in input trial order)."""
+        o = self.options
+        records: list[dict[str, Any]] = self.records  # type: ignore[assignment]  # all run
+        write_acceptance(self.store, self.meta, records, o.methods)
+        return aggregate(records, o.methods, model=self.model, variant=o.variant,
+                         meta=self.meta, seed=o.seed, as_dict=o.as_dict)
 
 
 def non_finite_record(
@@ -368,8 +552,11 @@ def aggregate(
     meta: dict[str, Any],
     seed: int = 0,
     as_dict: bool | None = None,
+    warn: bool = True,
 ) -> HeadScores | dict[str, HeadScores]:
-    """Build :class:`HeadScores` from per-trial records (order-independent).
+    """Build :class:`HeadScores` from per-trial records (order-independent): the one
+    path from records to scores, for a finished run (:class:`ScoringRun`) and for a run
+    directory read back (:func:`locos_tl.rundir.load_head_scores`).
 
     Returns a ``{method: HeadScores}`` dict when ``as_dict`` (default: when there are
     several methods), else the one method's :class:`HeadScores`.
@@ -377,13 +564,15 @@ def aggregate(
     Acceptance is per method (:mod:`locos_tl.acceptance`): each method's ``meta`` holds
     its own ``n_trials``, ``n_accepted`` and ``n_dropped_<reason>`` counts, the ``span``
     it read (the span name, or a list when records differ), and ``acceptance`` (every
-    method's counts).
+    method's counts: those of ``methods`` over ``meta["acceptance"]``).
 
-    Warns (``RuntimeWarning``, with the drop counts) when a method accepted no trial.
+    ``model`` needs only ``cfg.n_layers`` and ``cfg.n_heads``. Warns (``RuntimeWarning``,
+    with the drop counts) when a method accepted no trial, unless ``warn=False``.
     """
     per_method = {m: acceptance_counts(records, m) for m in methods}
+    acceptance = {**(meta.get("acceptance") or {}), **per_method}
     for m, counts in per_method.items():
-        if records and counts["n_accepted"] == 0:
+        if warn and records and counts["n_accepted"] == 0:
             warnings.warn(
                 f"{m}: no trial was accepted: 0 of {counts['n_trials']} ("
                 f"{counts['n_dropped_gate']} failed the gate, "
@@ -395,7 +584,7 @@ def aggregate(
         m: HeadScores.from_records(
             records, m, n_layers=L, n_heads=H, variant=variant, seed=seed,
             meta={**meta, **per_method[m], "span": _span_used(records, m),
-                  "acceptance": per_method})
+                  "acceptance": acceptance})
         for m in methods
     }
     if as_dict is None:

@@ -3,6 +3,8 @@
 :func:`score_trials` picks an executor -- local (:mod:`locos_tl.local`) or Ray
 (:mod:`locos_tl.distributed`) -- above the one trial runner (:mod:`locos_tl.runner`,
 whose names are re-exported here: ``run_trial``, ``run_settings``, ``aggregate``, ...).
+Both executors take the run's bookkeeping (checked options, settings, resume, acceptance,
+aggregation) from the runner's :class:`~locos_tl.runner.ScoringRun`.
 
 Pipeline per trial (docs/concepts.md): free greedy decoding (at most
 ``max_new_tokens``, stop at the bare newline token / EOS, a ``<think>`` block
@@ -19,17 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from locos_tl.answers import GATE_THRESHOLD
-from locos_tl.detectors import get_detector
 from locos_tl.engine import engine_paths
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models import model_name
 from locos_tl.provenance import provenance
-from locos_tl.records import RecordStore
-from locos_tl.rundir import prune_stale_methods
 from locos_tl.runner import (  # re-exported: the runner's names stay importable from here
     RESUME_KEYS,
+    ScoringRun,
     aggregate,
+    check_run_options,
     check_spans,
     check_trials_fit,
     finished_record,
@@ -40,9 +41,8 @@ from locos_tl.runner import (  # re-exported: the runner's names stay importable
     run_trial,
     write_acceptance,
 )
-from locos_tl.stops import StopRule, check_stop_rule
-from locos_tl.trials import as_trial_list
-from locos_tl.unembed import AnswerDirections, check_variant
+from locos_tl.stops import StopRule
+from locos_tl.unembed import AnswerDirections
 
 __all__ = ["RESUME_KEYS", "DISTRIBUTED_OPTIONS", "aggregate", "check_spans", "check_trials_fit",
            "finished_record", "method_spans", "model_dtype", "non_finite_record",
@@ -83,6 +83,7 @@ def score_trials(
     ray_init_kwargs: dict[str, Any] | None = None,
     pool: Any = None,
     on_record: Callable[..., None] | None = None,
+    on_resume: Callable[[int, int], None] | None = None,
     **unknown: Any,
 ) -> HeadScores | dict[str, HeadScores]:
     """Score every attention head over retrieval trials.
@@ -142,6 +143,10 @@ def score_trials(
             (:data:`DISTRIBUTED_OPTIONS`, see
             :func:`locos_tl.distributed.score_trials_distributed`); giving one runs
             on Ray.
+        on_resume: with ``out_dir``, called once before any decoding as
+            ``on_resume(n_reused, n_trials)``: how many finished records the run reuses
+            (the reuse rule itself, :func:`locos_tl.runner.reused_records`; ``locos
+            score`` prints "skipping N of M" from it).
 
     Returns:
         :class:`HeadScores` (``[n_layers, n_heads]`` scores, CI, per-trial scores), or a
@@ -171,19 +176,11 @@ def score_trials(
         num_cpus_per_worker=num_cpus_per_worker, max_restarts=max_restarts,
         max_attempts=max_attempts, ray_init_kwargs=ray_init_kwargs, pool=pool,
         on_record=on_record).items() if v is not None}
-    trials = as_trial_list(trials, "score_trials")
-    if isinstance(methods, str):  # one name, as methods=[name] (a dict is returned)
-        methods = [methods]
-    if method is not None and methods is not None:
-        raise ValueError(f"give method or methods, not both (method={method!r}, methods="
-                         f"{list(methods)!r}): methods=[...] scores every name in it")
-    if method is None:
-        method = "locos"
-    if not isinstance(method, str):
-        raise ValueError(f"method must be one method name, got {method!r}; pass several "
-                         "as methods=[...]")
     if as_int(batch_size, "batch_size") < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    run_args = dict(method=method, methods=methods, spans=spans, variant=variant,
+                    max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
+                    stop_rule=stop_rule, thinking=thinking, seed=seed)
     if workers > 1 or ray_address is not None or dist:  # the Ray executor
         if batch_size > 1:
             import warnings
@@ -194,61 +191,30 @@ def score_trials(
         from locos_tl.distributed import score_trials_distributed
 
         return score_trials_distributed(  # the workers load `model` (name, path or bridge's)
-            model, trials, workers=workers, ray_address=ray_address,
-            method=method, methods=methods, variant=variant, max_new_tokens=max_new_tokens,
-            out_dir=out_dir, seed=seed, gate_threshold=gate_threshold, progress=progress,
-            prefill_mode=prefill_mode, chunk_size=chunk_size, stop_rule=stop_rule,
-            thinking=thinking, spans=spans, decode_engine=decode_engine, **dist,
-        )
-    names = list(methods) if methods is not None else [method]
-    if not names:
-        raise ValueError("no method given")
-    spans = check_spans(spans, names)
-    detectors = [get_detector(m, span=spans.get(m)) for m in names]  # type: ignore[arg-type]
-    variant = check_variant(variant)
-    trials = list(trials)
-    if not trials:
-        raise ValueError("no trials to score")
-    if as_int(max_new_tokens, "max_new_tokens") < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    stop_rule = check_stop_rule(stop_rule)
-    check_trials_fit(model, trials, max_new_tokens)
-    directions = AnswerDirections(model, variant) if any(d.needs_phi for d in detectors) else None
-    settings = run_settings(model_name(model), model_dtype(model), variant=variant,
-                            methods=names, max_new_tokens=max_new_tokens,
-                            gate_threshold=gate_threshold, seed=seed, trials=trials,
-                            stop_rule=stop_rule, thinking=thinking,
-                            spans=method_spans(detectors))
-    store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
-    meta = provenance(model, settings)
+            model, trials, workers=workers, ray_address=ray_address, out_dir=out_dir,
+            progress=progress, prefill_mode=prefill_mode, chunk_size=chunk_size,
+            decode_engine=decode_engine, on_resume=on_resume, **run_args, **dist)
+    opts = check_run_options(trials, **run_args)  # type: ignore[arg-type]
+    run = ScoringRun(opts, model, model_name=model_name(model), dtype=model_dtype(model),
+                     out_dir=out_dir)
+    meta = provenance(model)
     meta["engine"] = engine_paths(model, prefill_mode, decode_engine)  # which paths run
     if batch_size > 1:  # batched decoding, or why it fell back to one trial at a time
         from locos_tl.batch import batch_fallback_reason
 
         why = batch_fallback_reason(model, prefill_mode, decode_engine)
         meta["engine"].update(batch_size=1 if why else batch_size, batch_reason=why)
-    if store is not None:
-        store.write_meta(meta)
-        prune_stale_methods(out_dir, names)  # the run's other outputs follow meta.json
-    records: list[dict[str, Any] | None] = [
-        finished_record(store, trial, names, method_spans(detectors)) for trial in trials]
-    todo = [i for i, rec in enumerate(records) if rec is None]
-
-    def keep(j: int, rec: dict[str, Any]) -> None:
-        if store is not None:
-            store.append(rec)
-        records[todo[j]] = rec
+    todo = run.start(meta, on_resume)
+    directions = (AnswerDirections(model, opts.variant)
+                  if any(d.needs_phi for d in opts.detectors) else None)
 
     from locos_tl.local import run_trials_local  # the local executor
 
-    run_trials_local(model, [trials[i] for i in todo], detectors, on_record=keep,
-                     progress=progress, run_trial=run_trial,  # this module's name: patchable
-                     directions=directions, max_new_tokens=max_new_tokens,
-                     gate_threshold=gate_threshold, prefill_mode=prefill_mode,
-                     chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
+    run_trials_local(model, todo, opts.detectors, on_record=run.keep, progress=progress,
+                     run_trial=run_trial,  # this module's name: patchable
+                     directions=directions, max_new_tokens=opts.max_new_tokens,
+                     gate_threshold=opts.gate_threshold, prefill_mode=prefill_mode,
+                     chunk_size=chunk_size, stop_rule=opts.stop_rule, thinking=thinking,
                      decode_engine=decode_engine, batch_size=batch_size,
                      chunk=max(len(todo), 1) if batch_size > 1 else 1)
-    write_acceptance(store, meta, records, names)  # type: ignore[arg-type]
-    return aggregate(records, names, model=model,  # type: ignore[arg-type]
-                     variant=variant, meta=meta, seed=seed,
-                     as_dict=methods is not None)
+    return run.finish()

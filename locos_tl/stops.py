@@ -19,7 +19,7 @@ from typing import Any, Literal, get_args
 
 from torch import Tensor
 
-from locos_tl.answers import think_token_ids
+from locos_tl.answers import scan_think, think_token_ids
 from locos_tl.engine import _hf_model
 
 __all__ = ["STOP_RULES", "DecodeResult", "StopRule", "check_stop_rule", "is_newline_stop"]
@@ -118,12 +118,8 @@ class _StopRules:
 
     def initial(self, prompt: Tensor) -> _StopState:
         """The state after the prompt ``[N]`` (does it leave a thinking block open?)."""
-        in_think = False
-        for i in prompt.tolist() if self.think_open or self.think_close else ():
-            if i in self.think_open:
-                in_think = True
-            elif i in self.think_close:
-                in_think = False
+        in_think, _ = scan_think(prompt.tolist() if self.think_open or self.think_close
+                                 else (), self.think_open, self.think_close)
         return _StopState(in_think=in_think, start=None if in_think else 0)
 
     def is_thinking(self, state: _StopState, y: int) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import operator
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from locos_tl.errors import TrialError
+from locos_tl.head_spec import as_int
 
 
 @dataclass(frozen=True)
@@ -63,34 +63,25 @@ class Trial:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "tokens", as_token_ids(self.tokens, "Trial.tokens"))
-        s, e = _span(self.needle_span, "needle_span")
-        object.__setattr__(self, "needle_span", (s, e))
         if not self.tokens:
             raise TrialError("trial has an empty prompt (no tokens): Trial.tokens is empty")
+        n = len(self.tokens)
+        s, e = as_span(self.needle_span, n, "Trial.needle_span", name="needle span")
+        object.__setattr__(self, "needle_span", (s, e))
         if not isinstance(self.answer, str):
             raise TrialError(f"Trial.answer must be a str (the gold answer), got "
                              f"{type(self.answer).__name__} {self.answer!r}")
         if not self.answer or not self.answer.strip():
             raise TrialError("trial has an empty gold answer")
-        if not 0 <= s < e <= len(self.tokens):
+        if e - s >= n:
             raise TrialError(
-                f"needle span [{s}, {e}) is not inside the prompt of {len(self.tokens)} tokens"
-                + (" (it is empty)" if e <= s else "")
-            )
-        if e - s >= len(self.tokens):
-            raise TrialError(
-                f"needle span [{s}, {e}) covers the whole prompt of {len(self.tokens)} "
+                f"needle span [{s}, {e}) covers the whole prompt of {n} "
                 "tokens: LOCOS needs at least one off-needle position (Eq. 3 rescales "
                 "the off-needle mass by n / (N_t - n), undefined at the first step)"
             )
         if self.answer_span is not None:
-            a, b = _span(self.answer_span, "answer_span")
-            object.__setattr__(self, "answer_span", (a, b))
-            if not 0 <= a < b <= len(self.tokens):
-                raise TrialError(
-                    f"answer span [{a}, {b}) is not inside the prompt of "
-                    f"{len(self.tokens)} tokens" + (" (it is empty)" if b <= a else "")
-                )
+            object.__setattr__(self, "answer_span", as_span(
+                self.answer_span, n, "Trial.answer_span", name="answer span"))
         if not self.trial_id:
             object.__setattr__(self, "trial_id", self.content_hash())
 
@@ -230,18 +221,6 @@ class Trial:
                    meta=dict(meta or {}))
 
 
-def _int(x: Any, what: str) -> int:
-    """``x`` as a Python int (numpy and 0-d torch integers too); refuses bools, floats
-    (even ``2.0``) and anything else with a :class:`TrialError` naming ``what``."""
-    dtype = str(getattr(x, "dtype", ""))
-    if not isinstance(x, bool) and not any(k in dtype for k in ("bool", "float", "complex")):
-        try:
-            return operator.index(x)
-        except TypeError:
-            pass
-    raise TrialError(f"{what} must be an integer, got {type(x).__name__} {x!r}")
-
-
 def as_token_ids(tokens: Any, what: str) -> tuple[int, ...]:
     """``tokens`` as a tuple of non-negative Python ints (numpy and torch integers too).
 
@@ -260,26 +239,47 @@ def as_token_ids(tokens: Any, what: str) -> tuple[int, ...]:
     if isinstance(tokens, Mapping) or not isinstance(tokens, Iterable):
         raise TrialError(f"{what} must be a sequence of token ids (ints), got "
                          f"{type(tokens).__name__} {tokens!r}"[:200])
-    out = tuple(_int(t, f"{what}[{i}]") for i, t in enumerate(tokens))
+    out = tuple(as_int(t, f"{what}[{i}]", TrialError) for i, t in enumerate(tokens))
     for i, t in enumerate(out):
         if t < 0:
             raise TrialError(f"{what}[{i}] = {t} is negative (not a token id)")
     return out
 
 
-def _span(span: Any, what: str) -> tuple[int, int]:
-    """A ``(start, end)`` pair of ints from ``span``.
+def as_span(
+    span: Any, n: int, what: str, *, name: str | None = None, within: str | None = None,
+    error: type[Exception] = TrialError,
+) -> tuple[int, int]:
+    """``span`` as a ``(start, end)`` pair of ints with ``0 <= start < end <= n`` (end
+    exclusive): the one check of a token span (a trial's needle and answer spans, the
+    position windows of :mod:`locos_tl.plot`).
+
+    Args:
+        span: a ``(start, end)`` pair (tuple, list; Python, numpy or 0-d torch ints).
+        n: the number of positions the span must lie in.
+        what: the argument's name, for the messages (``"Trial.needle_span"``).
+        name: how the bounds message calls the span (default ``what``).
+        within: what the ``n`` positions are, for the message (default
+            ``"the prompt of {n} tokens"``).
+        error: the exception class raised.
 
     Raises:
-        TrialError: not a pair, or a non-integer bound; the message names ``what``."""
+        TrialError: (or ``error``) not a pair, a non-integer bound, or a span that is
+            empty or outside ``[0, n)``; the message names ``what`` (or ``name``).
+    """
     if isinstance(span, (str, bytes, Mapping)) or not isinstance(span, Iterable):
-        raise TrialError(f"Trial.{what} must be a (start, end) pair of token indices, "
-                         f"got {type(span).__name__} {span!r}"[:200])
+        raise error(f"{what} must be a (start, end) pair of token indices, "
+                    f"got {type(span).__name__} {span!r}"[:200])
     pair = list(span)
     if len(pair) != 2:
-        raise TrialError(f"Trial.{what} must be a (start, end) pair of token indices, "
-                         f"got {len(pair)} value(s) {pair!r}"[:200])
-    return _int(pair[0], f"Trial.{what} start"), _int(pair[1], f"Trial.{what} end")
+        raise error(f"{what} must be a (start, end) pair of token indices, "
+                    f"got {len(pair)} value(s) {pair!r}"[:200])
+    a, b = as_int(pair[0], f"{what} start", error), as_int(pair[1], f"{what} end", error)
+    if not 0 <= a < b <= n:
+        raise error(f"{name or what} ({a}, {b}) must satisfy 0 <= start < end <= {n}: not "
+                    f"inside {within or f'the prompt of {n} tokens'}"
+                    + (" (it is empty)" if b <= a else ""))
+    return a, b
 
 
 def as_trial_list(trials: Any, where: str) -> list[Trial]:

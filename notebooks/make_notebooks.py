@@ -2,11 +2,17 @@
 
 Edit the cells here, then run ``python notebooks/make_notebooks.py``; the ``.ipynb``
 files are generated, so the notebooks in git never carry outputs. ``pytest -m notebooks``
-executes them (``tests/test_notebooks.py``).
+executes every ``notebooks/NN_*.ipynb`` (``tests/test_notebooks.py``).
+
+Size: each notebook runs in well under two minutes on a busy 2-core CPU
+(``OMP_NUM_THREADS=1``; the test allows five), and every step that takes more than a few
+seconds shows a tqdm progress bar. A new notebook is one more ``nbNN()`` function and one
+more entry in :data:`NOTEBOOKS`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import nbformat
@@ -22,8 +28,11 @@ import locos_tl
 from locos_tl import plot
 from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
 
-# The shipped organism; point LOCOS_ORGANISM at your own (`locos train-organism --out DIR`).
+# The default organism, retrieval-long (3 layers x 8 heads, valid on prompts of 512-2048
+# tokens). To use another, point LOCOS_ORGANISM at it and set N_TOKENS to its valid range
+# (retrieval-2l: 64-128 tokens; each organism's MODEL_CARD.md gives it).
 ORGANISM = os.environ.get("LOCOS_ORGANISM", DEFAULT_ORGANISM)
+N_TOKENS = 512  # prompt length in tokens
 # Public-domain novels beside the repository (../shared/data/haystack) as filler text;
 # synthetic filler when they are not there.
 BOOKS = default_book_dir()
@@ -32,8 +41,9 @@ print("filler:", BOOKS if book else "synthetic (no book text found)")
 
 model = locos_tl.load_model(ORGANISM, device="cpu")
 cfg = model.cfg
-print(f"{cfg.n_layers} layers x {cfg.n_heads} heads ({cfg.n_key_value_heads} kv heads), "
-      f"vocabulary {cfg.d_vocab}")'''
+print(f"{Path(ORGANISM).name}: {cfg.n_layers} layers x {cfg.n_heads} heads "
+      f"({cfg.n_key_value_heads} kv heads), vocabulary {cfg.d_vocab}; prompts of "
+      f"{N_TOKENS} tokens")'''
 
 GROUND_TRUTH = '''\
 import json
@@ -51,11 +61,11 @@ def nb00() -> list:
 # 00 · The model organism: ground truth for retrieval-head detectors
 
 Nobody knows which heads of Qwen3-8B "really" retrieve. The shipped **model organism**
-is a small Qwen3-architecture checkpoint trained on two retrieval tasks in one context
-format, whose mechanism was established causally (head ablation and activation
-patching, independently of LOCOS): see `MODEL_CARD.md` next to the checkpoint. This
-notebook trains nothing: it loads the organism, shows the tasks, measures accuracy and
-draws the LOCOS heatmap."""),
+`retrieval-long` is a small Qwen3-architecture checkpoint (3 layers x 8 heads) trained on
+two retrieval tasks in one context format, whose mechanism was established causally
+(head ablation and activation patching, independently of LOCOS): see `MODEL_CARD.md`
+next to the checkpoint. This notebook trains nothing: it loads the organism, shows the
+tasks, measures accuracy and draws the LOCOS heatmap."""),
         new_code_cell(SETUP),
         new_code_cell("print((Path(ORGANISM) / 'MODEL_CARD.md').read_text()[:1500])"),
         new_markdown_cell("""\
@@ -71,20 +81,21 @@ lone distractor landmarks in filler text.
   the LANDMARK and writes the NAME, which an earlier layer moved there."""),
         new_code_cell('''\
 for task in ("literal", "nonliteral"):
-    t = make_trials(task, 1, n_tokens=48, book=book, seed=7)[0]
+    t = make_trials(task, 1, n_tokens=N_TOKENS, book=book, seed=7)[0]
     words = plot.token_labels(model.tokenizer, t.tokens)
     print(f"{task}: ... {' '.join(words[-20:])}  ->  {t.answer!r}; "
           f"needle {words[slice(*t.needle_span)]}")'''),
         new_markdown_cell("## Accuracy (greedy decoding, held-out trials)"),
         new_code_cell('''\
 import pandas as pd
+from tqdm.auto import tqdm
 
 rows = []
 for task in ("literal", "nonliteral"):
-    for n_tokens in (64, 128):
-        trials = make_trials(task, 30, n_tokens=n_tokens, book=book, seed=3)
+    for n_tokens in (N_TOKENS, 2 * N_TOKENS):
+        trials = make_trials(task, 20, n_tokens=n_tokens, book=book, seed=3)
         hits = [locos_tl.greedy_decode(model, t.tokens, max_new_tokens=3).text == t.answer
-                for t in trials]
+                for t in tqdm(trials, desc=f"{task}, {n_tokens} tokens")]
         rows.append({"task": task, "tokens": n_tokens, "accuracy": sum(hits) / len(hits)})
 pd.DataFrame(rows)'''),
         new_code_cell(GROUND_TRUTH),
@@ -94,7 +105,7 @@ pd.DataFrame(rows)'''),
 The non-literal writers attend to the landmark and write the name: LOCOS, which scores
 what a head writes toward the answer from the needle, ranks them first."""),
         new_code_cell('''\
-trials = make_trials("nonliteral", 40, n_tokens=[64, 128], book=book, seed=11)
+trials = make_trials("nonliteral", 24, n_tokens=N_TOKENS, book=book, seed=11)
 scores = locos_tl.score_trials(model, trials, method="locos", max_new_tokens=4)
 print("top-3 LOCOS heads:", scores.top_k(3), "| documented writers:", roles["nonliteral_writer"])
 plot.head_heatmap(scores)'''),
@@ -113,10 +124,10 @@ $$\\phi_{l,h,t,j} = \\alpha_{l,h,t,j}\\, u_{y_t}^\\top (v_{j} W_O^{l,h}), \\qqua
 c_t = \\sum_{j\\in\\text{needle}} \\phi_{t,j} -
 \\frac{n}{N_t-n}\\sum_{j\\notin\\text{needle}} \\phi_{t,j}$$
 
-We use the shipped **model organism**: a 2-layer Qwen3-architecture checkpoint with
-planted literal and non-literal retrieval heads, so it runs on a CPU in seconds and its
-retrieval heads are known causally (`MODEL_CARD.md` next to the checkpoint says how it
-was made and measured)."""),
+We use the shipped **model organism** `retrieval-long`: a 3-layer Qwen3-architecture
+checkpoint with planted literal and non-literal retrieval heads, so it runs on a CPU in
+seconds and its retrieval heads are known causally (`MODEL_CARD.md` next to the
+checkpoint says how it was made and measured)."""),
         new_code_cell(SETUP),
         new_markdown_cell("""\
 ## Trials
@@ -126,7 +137,7 @@ answer. The organism's *non-literal* task: the context holds `NAME LANDMARK` pai
 filler text, the question names the landmark's **city** (never in the context) and the
 answer is the needle's **NAME**, which is not the token a head must attend to find it."""),
         new_code_cell('''\
-trials = make_trials("nonliteral", 40, n_tokens=[64, 96, 128], book=book, seed=1)
+trials = make_trials("nonliteral", 30, n_tokens=N_TOKENS, book=book, seed=1)
 t = trials[0]
 words = plot.token_labels(model.tokenizer, t.tokens)
 print(f"{len(trials)} trials; the first has {t.n_tokens} tokens, needle span {t.needle_span}, "
@@ -139,8 +150,7 @@ print("needle:", words[slice(*t.needle_span)], "| question:", words[-2:])'''),
 ROUGE-1 gate, and averages the contrast over the answer steps and then over trials."""),
         new_code_cell('''\
 # answers are one word: 4 new tokens is plenty (the paper's default budget is 50)
-scores = locos_tl.score_trials(model, trials, method="locos", max_new_tokens=4,
-                               progress=False)
+scores = locos_tl.score_trials(model, trials, method="locos", max_new_tokens=4)
 print({k: scores.meta[k] for k in ("n_trials", "n_accepted", "n_dropped_gate",
                                    "n_dropped_no_answer_step")})
 scores.to_frame().head(8).round(3)'''),
@@ -152,14 +162,17 @@ the needle; red ones write it mostly from elsewhere."""),
 ## One answer step up close
 
 `phi_tensor` gives $\\phi$ for every head and key position of one query. Here: the
-last prompt position predicting the model's own answer token."""),
+last prompt position predicting the model's own answer token, drawn around the needle
+(`window`; hover for the tokens)."""),
         new_code_cell('''\
 res = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1)
 target = res.generated[0]
 phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
 print("model answers", repr(model.tokenizer.decode([target])), "| gold", repr(t.answer))
+s, e = t.needle_span
 plot.phi_explorer(phi, words, 0, needle_span=t.needle_span,
-                  target=model.tokenizer.decode([target]))'''),
+                  target=model.tokenizer.decode([target]),
+                  window=(max(0, s - 24), min(t.n_tokens, e + 24)))'''),
         new_markdown_cell("""\
 The trial's LOCOS score of a head is exactly the spatial contrast of this row (the
 answer is one token, so one answer step):"""),
@@ -180,7 +193,9 @@ contrast'''),
 does all of the above in one go:
 
 ```bash
-locos score --model data/organisms/<name> --trials trials.jsonl --out runs/quick
+locos build-trials organism --task nonliteral --n 30 --length 512 --out trials.jsonl
+locos score --model data/organisms/retrieval-long --trials trials.jsonl \\
+    --max-new-tokens 4 --out runs/quick
 ```"""),
         new_code_cell('''\
 import tempfile
@@ -212,9 +227,9 @@ import pandas as pd
 
 results = {}
 for task in ("literal", "nonliteral"):
-    trials = make_trials(task, 40, n_tokens=[64, 96, 128], book=book, seed=2)
+    trials = make_trials(task, 30, n_tokens=N_TOKENS, book=book, seed=2)
     results[task] = locos_tl.score_trials(model, trials, methods=["locos", "wu"],
-                                          max_new_tokens=4, progress=False)
+                                          max_new_tokens=4)
     results[task]["trials"] = trials
     print(task, {m: results[task][m].n_trials for m in ("locos", "wu")},
           "accepted trials")'''),
@@ -253,8 +268,10 @@ def answer_step(task, head):
     target = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1).generated[0]
     phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
     words = plot.token_labels(model.tokenizer, t.tokens)
+    s, e = t.needle_span  # drawn around the needle (hover for the tokens)
     return plot.reads_vs_writes(pattern, phi, words, head, needle_span=t.needle_span,
-                                target=model.tokenizer.decode([target]))
+                                target=model.tokenizer.decode([target]),
+                                window=(max(0, s - 24), min(t.n_tokens, e + 24)))
 
 (nonlit_head,) = results["nonliteral"]["locos"].top_k(1)
 answer_step("nonliteral", nonlit_head)'''),
@@ -276,7 +293,7 @@ def nb03() -> list:
 Scores are hypotheses. Here we test them causally on the organism:
 
 1. **Mean ablation** of each method's top-k heads (query replaced by its mean,
-   method.md Sec. 4) against random heads (3 seeds) and LOCOS's bottom-k.
+   method.md Sec. 4) against random heads (2 seeds here; the paper uses 3).
 2. **Dissociation**: does ablating the heads hurt non-literal retrieval more than a
    question the model answers without a context? $DS(k)$ against a context-free
    control (the organism's echo, scored by exact match), and against the *literal*
@@ -286,23 +303,21 @@ Scores are hypotheses. Here we test them causally on the organism:
         new_code_cell(SETUP),
         new_code_cell(GROUND_TRUTH),
         new_code_cell('''\
-detect = make_trials("nonliteral", 32, n_tokens=[64, 96, 128], book=book, seed=3)
-scores = locos_tl.score_trials(model, detect, methods=["locos", "wu"], max_new_tokens=4,
-                               progress=False)
-evals = {task: make_trials(task, 10, n_tokens=[64, 128], book=book, seed=4)
+detect = make_trials("nonliteral", 20, n_tokens=N_TOKENS, book=book, seed=3)
+scores = locos_tl.score_trials(model, detect, methods=["locos", "wu"], max_new_tokens=4)
+evals = {task: make_trials(task, 8, n_tokens=N_TOKENS, book=book, seed=4)
          for task in ("nonliteral", "literal")}
 # calibration means: mean query / output of each head over held-out prompts
-calib = make_trials("nonliteral", 10, 128, book=book, seed=5) + make_trials(
-    "literal", 10, 128, book=book, seed=5)
-means = locos_tl.calibrate_means(model, [t.tokens for t in calib])'''),
+calib = make_trials("nonliteral", 10, N_TOKENS, book=book, seed=5) + make_trials(
+    "literal", 10, N_TOKENS, book=book, seed=5)
+means = locos_tl.calibrate_means(model, [t.tokens for t in calib], progress=True)'''),
         new_markdown_cell("## Ablation curves"),
         new_code_cell('''\
 head_sets = {"locos": scores["locos"], "wu": scores["wu"]}
 # To keep this under a few minutes on a CPU: answer + end of sequence (2 new tokens),
 # random heads over 2 seeds, no bottom-k control (`bottom="auto"` adds LOCOS's bottom-k).
 ablation = {task: locos_tl.evaluate(model, trials, head_sets, k=[1, 2, 4], mode="query_mean",
-                                    means=means, seeds=(0, 1), bottom=None,
-                                    max_new_tokens=2, progress=False)
+                                    means=means, seeds=(0, 1), bottom=None, max_new_tokens=2)
             for task, trials in evals.items()}
 plot.ablation_curves(ablation["nonliteral"][ablation["nonliteral"].metric == "rougeL"],
                      title="non-literal retrieval after ablating the top-k heads")'''),
@@ -327,11 +342,10 @@ answered `w` (it then keeps repeating, so one new token is decoded)."""),
         new_code_cell('''\
 from locos_tl.organisms import make_echo_trials
 
-control = make_echo_trials(16, seed=0, top=200)
+control = make_echo_trials(12, seed=0, top=200)
 control_ablation = locos_tl.evaluate(model, control, head_sets, k=[1, 2, 4],
                                      mode="query_mean", means=means, seeds=(0, 1),
-                                     bottom=None, scorer="control", max_new_tokens=1,
-                                     progress=False)
+                                     bottom=None, scorer="control", max_new_tokens=1)
 # R: ROUGE-L on non-literal trials; P: exact match on the echo (the default control metric)
 ds = locos_tl.dissociation_score(ablation["nonliteral"], control_ablation)
 print(ds.round(3).to_string(index=False))
@@ -343,7 +357,7 @@ collapses while the echo survives, so $DS$ is clearly positive."""),
 if roles["nonliteral_writer"]:
     writers = {"writers": roles["nonliteral_writer"]}
     kw = dict(k=[len(roles["nonliteral_writer"])], mode="query_mean", means=means,
-              random=False, bottom=None, progress=False)
+              random=False, bottom=None, progress=False)  # a few seconds
     w_ret = locos_tl.evaluate(model, evals["nonliteral"], writers, max_new_tokens=2, **kw)
     w_ctl = locos_tl.evaluate(model, control, writers, scorer="control", max_new_tokens=1,
                               **kw)
@@ -361,15 +375,13 @@ plot.dissociation(ds_lit, title="DS(k): non-literal drop minus literal drop")'''
 CRI patches each head's clean output into a run whose needle was replaced by filler
 and measures how much of the answer's logit margin comes back."""),
         new_code_cell('''\
-cri = locos_tl.patch_heads(model, evals["nonliteral"][:8], max_new_tokens=4, progress=False)
+cri = locos_tl.patch_heads(model, evals["nonliteral"][:4], max_new_tokens=4)
 print(locos_tl.compare_rankings(scores["locos"], cri, ks=(2, 4)).round(2).to_string())
 plot.rank_scatter(scores["locos"], cri, names=("LOCOS", "CRI"))'''),
         new_markdown_cell("## Where the top heads sit"),
         new_code_cell('''\
 plot.layer_distribution([scores["locos"], scores["wu"], cri], k=4)'''),
     ]
-
-
 def nb04() -> list:
     return [
         new_markdown_cell("""\
@@ -394,17 +406,14 @@ import pandas as pd
 import locos_tl
 from locos_tl import plot
 from locos_tl.compress import compression_sweep, kv_budgets
-from locos_tl.organisms import DEFAULT_ORGANISM, LONG_ORGANISM, default_book_dir, make_trials
+from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
 
-# The organism, its prompt length and the budgets swept: the long-context organism at
-# 1024 tokens (its MODEL_CARD.md gives the valid range); without it the 2-layer one at 128
-# tokens (valid up to 128), where a budget below ~10 % would cut into the 4 sinks + 8
-# recent positions every unit keeps.
-if (Path(LONG_ORGANISM) / "config.json").exists():
-    ORGANISM, N_TOKENS, FRACTIONS = LONG_ORGANISM, 1024, (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
-else:
-    ORGANISM, N_TOKENS, FRACTIONS = Path(DEFAULT_ORGANISM), 128, (0.1, 0.15, 0.25, 0.5, 1.0)
-N_EVAL = 20  # evaluation trials per task
+# The default organism (retrieval-long) at 1024 tokens (its MODEL_CARD.md gives the valid
+# range: 512-2048), the retained fractions of the KV cache swept, and the evaluation
+# trials per task (sized to run in a minute or two on a CPU; the README's table uses 20).
+ORGANISM, N_TOKENS = DEFAULT_ORGANISM, 1024
+FRACTIONS = (0.05, 0.1, 0.2, 0.5, 1.0)
+N_EVAL = 8
 
 BOOKS = default_book_dir()
 book = BOOKS if BOOKS.is_dir() else None
@@ -423,7 +432,7 @@ both tasks (held apart from the evaluation trials by seed)."""),
 detect = [t for task in ("literal", "nonliteral")
           for t in make_trials(task, 16, n_tokens=N_TOKENS, book=book, seed=31)]
 scores = locos_tl.score_trials(model, detect, methods=["locos", "wu", "headkv"],
-                               max_new_tokens=4, progress=False)
+                               max_new_tokens=4)
 pd.DataFrame({m: [locos_tl.head_label(*h) for h in hs.top_k(6)]
               for m, hs in scores.items()}, index=range(1, 7)).rename_axis("rank")'''),
         new_markdown_cell("""\
@@ -459,7 +468,7 @@ evals = [t for task in ("literal", "nonliteral")
          for t in make_trials(task, N_EVAL, n_tokens=N_TOKENS, book=book, seed=32)]
 rankings = {"locos": scores["locos"], "wu": scores["wu"], "headkv": scores["headkv"]}
 sweep = pd.concat([compression_sweep(model, evals, rankings, FRACTIONS, unit=unit,
-                                     include=("uniform", "random"), seed=0, progress=False)
+                                     include=("uniform", "random"), seed=0)
                    for unit in ("query_head", "kv_group")], ignore_index=True)
 sweep.pivot_table(index=["unit", "ranking", "fraction"], columns="task",
                   values="correct").round(2).unstack("fraction")'''),
@@ -492,19 +501,18 @@ heads that attend to the landmark and write the name; Wu-guided compression keep
 heads that copy the attended token, so it keeps **literal** accuracy and loses
 non-literal accuracy. At 100 % every ranking reproduces plain greedy decoding.
 
-Measured on `retrieval-long` at 1024 tokens (20 trials a task, book filler; the next
-cell prints the numbers of this run). With per-query-head budgets, at 20 % of the cache
-LOCOS keeps non-literal accuracy at 1.00 where Wu's ranking gives 0.20 (0.40 against
-0.10 at 10 %), while both keep literal accuracy (0.95 and 1.00): LOCOS's top heads are
-the two non-literal writers and the literal copiers, Wu's only the copiers. HeadKV's
-scores with its proportional allocation land in between (0.65). With per-kv-group
+This run has 8 trials a task (one trial moves an accuracy by 0.125; the next cell
+prints its numbers). The README's table gives the same sweep on 20 trials a task
+(`benchmarks/compression_by_length.py`, whose first 8 trials a task are these). With
+per-query-head budgets, at 20 % of the cache LOCOS keeps non-literal accuracy near 1
+where Wu's ranking falls to about 0.1, while both keep literal accuracy: LOCOS's top
+heads are the two non-literal writers and the literal copiers, Wu's only the copiers.
+HeadKV's scores with its proportional allocation land in between. With per-kv-group
 budgets the organism has six units (two kv heads in each of three layers): both rankings
 put the copiers' group of layer 1 first and the writers' group second (a group scores as
 its best head, and Wu gives small positive scores to heads of the writers' group), so they
 keep the same groups at every budget and their curves coincide: a ranking of query heads
-helps only as finely as the cache is shared.
-(On `retrieval-2l` at 128 tokens the per-query-head gap is the same: 0.85 against 0.10 at
-25 %.)"""),
+helps only as finely as the cache is shared."""),
         new_code_cell('''\
 qh = sweep[(sweep.unit == "query_head") & sweep.ranking.isin(["locos", "wu"])]
 gap = qh.pivot_table(index=["task", "fraction"], columns="ranking", values="correct")
@@ -525,13 +533,19 @@ def write(name: str, cells: list) -> Path:
     return path
 
 
+#: Every notebook: file name -> the function that builds its cells.
+NOTEBOOKS: dict[str, Callable[[], list]] = {
+    "00_organism.ipynb": nb00,
+    "01_quickstart.ipynb": nb01,
+    "02_literal_vs_nonliteral.ipynb": nb02,
+    "03_causal_evidence.ipynb": nb03,
+    "04_kv_compression.ipynb": nb04,
+}
+
+
 def main() -> None:
-    for name, cells in (("00_organism.ipynb", nb00()),
-                        ("01_quickstart.ipynb", nb01()),
-                        ("02_literal_vs_nonliteral.ipynb", nb02()),
-                        ("03_causal_evidence.ipynb", nb03()),
-                        ("04_kv_compression.ipynb", nb04())):
-        print(write(name, cells).name)  # noqa: T201
+    for name, build in NOTEBOOKS.items():
+        print(write(name, build()).name)  # noqa: T201
 
 
 if __name__ == "__main__":

@@ -1,11 +1,33 @@
 #!/usr/bin/env bash
-# The full test run (what CI runs after scripts/setup.sh): unit, integration and
-# browser tests, then the five notebooks executed top to bottom, then the docs build
-# in strict mode. Extra arguments go to the first pytest call.
-set -euo pipefail
+# The full test run (what CI runs after scripts/setup.sh): ruff, the unit, integration and
+# browser tests, the notebooks executed top to bottom, and the docs build in strict mode.
+# Every step runs even when an earlier one fails; the script then lists the failed steps
+# and exits non-zero. Extra arguments go to the first pytest call.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 NO_MKDOCS_2_WARNING=1
-.venv/bin/ruff check locos_tl tests
-.venv/bin/python -m pytest "$@"
-.venv/bin/python -m pytest -m notebooks tests/test_notebooks.py
-.venv/bin/mkdocs build --strict --quiet --site-dir "${TMPDIR:-/tmp}/locos_tl-site"
+
+failed=()
+step() {  # step NAME COMMAND...: run one step, remember it when it fails
+    local name=$1
+    shift
+    echo "==> $name: $*"
+    "$@"
+    local rc=$?
+    if [ "$rc" -ne 0 ]; then
+        echo "==> $name FAILED (exit code $rc)"
+        failed+=("$name (exit code $rc)")
+    fi
+}
+
+step ruff .venv/bin/ruff check locos_tl tests
+step pytest .venv/bin/python -m pytest "$@"
+step notebooks .venv/bin/python -m pytest -m notebooks tests/test_notebooks.py
+step docs .venv/bin/mkdocs build --strict --quiet --site-dir "${TMPDIR:-/tmp}/locos_tl-site"
+
+if [ "${#failed[@]}" -ne 0 ]; then
+    echo "==> ${#failed[@]} of 4 steps failed:"
+    printf '    %s\n' "${failed[@]}"
+    exit 1
+fi
+echo "==> all 4 steps passed"

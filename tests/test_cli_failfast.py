@@ -4,6 +4,7 @@ resume (exit code 130), a resumed run says what it skips, figures share one plot
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import shlex
 import sys
@@ -203,3 +204,231 @@ def test_demo_table_says_no_head_scored(capsys):
     text = capsys.readouterr().out
     assert "wu: no head scored (every score is 0 over 3 accepted trials)" in text
     assert "locos: top 10 heads" in text and "L1H2" in text
+
+
+# -- issue 19: every command checks the trials file, the run directory, --means and --out
+# before the model loads; clear errors instead of tracebacks; no accepted trial fails ----
+def _command_args(command: str, tiny_dirs, tmp_path: Path, trials: Path) -> list[str]:
+    """A full command line for ``command`` on the tiny Qwen3 (its head scores under
+    ``tmp_path/locos``), reading ``trials``, writing ``tmp_path/run``."""
+    from locos_tl.cli.ablate import checkpoint_dims
+
+    n_layers, n_heads = checkpoint_dims(str(tiny_dirs["qwen3"]))
+    HeadScores("locos", torch.randn(3, n_layers, n_heads)).save(tmp_path / "locos")
+    args = [command, "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
+            "--out", str(tmp_path / "run")]
+    if command in ("ablate", "compress"):
+        args += ["--heads", str(tmp_path / "locos")]
+    if command == "compress":
+        args += ["--query-start", "-2"]
+    return args
+
+
+BAD_TRIALS = {  # file text -> what the error must say (the file's name is added)
+    "broken": ('{"tokens": [1, 2, 3], "needle_span": [0, 1], "answer": "a"}\n{"tokens": [1,\n',
+               r":2: not valid JSON"),
+    "missing": ('{"prompt": "the cat sat on the mat", "needle": "cat"}\n',
+                r":1: record lacks field\(s\) \['answer'\]"),
+    "empty": ("\n\n", r" holds no trial"),
+    "needle": ('{"prompt": "the cat sat on the mat", "needle": "dog", "answer": "mat"}\n',
+               r":1: needle 'dog' not found in the prompt"),
+}
+
+
+@pytest.mark.parametrize("command", ["score", "ablate", "patch", "compress"])
+@pytest.mark.parametrize("case", sorted(BAD_TRIALS))
+def test_trials_file_contents_checked_before_loading(no_model_load, tiny_dirs, tmp_path,
+                                                     command, case):
+    text, message = BAD_TRIALS[case]
+    trials = tmp_path / "t.jsonl"
+    trials.write_text(text)
+    res = runner.invoke(app, _command_args(command, tiny_dirs, tmp_path, trials))
+    assert res.exit_code == 2, res.output
+    flat = " ".join(res.output.split())
+    assert re.search(re.escape(str(trials)) + message, flat), res.output
+    assert "Traceback" not in res.output
+    assert not no_model_load and not (tmp_path / "run").exists()
+
+
+def test_trials_file_checked_without_a_tokenizer_before_loading(no_model_load, tmp_path):
+    """A model whose tokenizer cannot be had without loading it (a hub name, offline):
+    the file's JSON, fields and needles are still checked first."""
+    trials = tmp_path / "t.jsonl"
+    for text, message in BAD_TRIALS.values():
+        trials.write_text(text)
+        res = runner.invoke(app, ["score", "--model", "nosuch-org/nosuch-model", "--trials",
+                                  str(trials), "--out", str(tmp_path / "run")])
+        assert res.exit_code == 2, res.output
+        assert re.search(re.escape(str(trials)) + message, " ".join(res.output.split()))
+        assert not no_model_load
+
+
+def test_score_run_directory_conflicts_before_loading(monkeypatch, tiny_dirs, own_answer_trials,
+                                                      tmp_path):
+    a = save_trials(own_answer_trials[:1], tmp_path / "a.jsonl")
+    b = save_trials(own_answer_trials[1:3], tmp_path / "b.jsonl")
+    args = ["score", "--model", str(tiny_dirs["qwen3"]), "--out", str(tmp_path / "run"),
+            "--max-new-tokens", "8", "--trials"]
+    assert runner.invoke(app, [*args, str(a)]).exit_code == 0
+    import locos_tl.models
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the run directory was checked")
+
+    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+    for extra, message in [([str(b)], r"holds a run over another trial set"),
+                           ([str(a), "--variant", "exact"],
+                            r"holds a run with other settings \(variant: 'raw' != 'exact'\)"),
+                           ([str(a), "--max-new-tokens", "9"],
+                            r"other settings \(max_new_tokens: 8 != 9\)")]:
+        res = runner.invoke(app, [*args, *extra])
+        assert res.exit_code == 2, res.output
+        assert re.search(message, " ".join(res.output.split())), res.output
+        assert "resuming" not in res.output and "Traceback" not in res.output
+
+
+def _fake_run(out: Path, settings: dict) -> None:
+    """A run directory as the commands write it (meta.json + one record), over another
+    trial set."""
+    out.mkdir(parents=True)
+    (out / "meta.json").write_text(json.dumps({"settings": {
+        **settings, "n_trials": 5, "trial_set_hash": "0123456789abcdef"}}))
+    (out / "trials.jsonl").write_text('{"trial_id": "x"}\n')
+
+
+@pytest.mark.parametrize("command", ["ablate", "patch"])
+def test_causal_run_directory_conflicts_before_loading(no_model_load, tiny_dirs, trials_file,
+                                                       tmp_path, command):
+    _fake_run(tmp_path / "run", {})
+    res = runner.invoke(app, _command_args(command, tiny_dirs, tmp_path, trials_file))
+    assert res.exit_code == 2, res.output
+    assert re.search(r"holds a run over another trial set \(trial-set hash 0123456789abcdef",
+                     " ".join(res.output.split())), res.output
+    assert "resuming" not in res.output and not no_model_load
+
+
+def test_compress_trial_set_conflict_before_loading(monkeypatch, tiny_dirs, own_answer_trials,
+                                                    tmp_path):
+    a = save_trials(own_answer_trials[:1], tmp_path / "a.jsonl")
+    b = save_trials(own_answer_trials[1:], tmp_path / "b.jsonl")
+    args = [*_command_args("compress", tiny_dirs, tmp_path, a), "--fractions", "1",
+            "--include", "none", "--max-new-tokens", "2"]
+    first = runner.invoke(app, args)
+    assert first.exit_code == 0, first.output
+    import locos_tl.models
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the run directory was checked")
+
+    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+    args[args.index("--trials") + 1] = str(b)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert re.search(r"holds a compression run with other settings \(n_trials, "
+                     r"trial_set_hash\)", " ".join(res.output.split())), res.output
+    assert "resuming" not in res.output
+
+
+def test_demo_run_directory_conflict_before_loading(no_model_load, tmp_path):
+    from locos_tl.organisms import SMALL_ORGANISM
+
+    _fake_run(tmp_path / "d" / "nonliteral_synthetic", {})
+    res = runner.invoke(app, ["demo", "--model", SMALL_ORGANISM, "--length", "64",
+                              "--n-trials", "2", "--out", str(tmp_path / "d"),
+                              "--book", str(tmp_path / "nobook.txt")])
+    assert res.exit_code == 2, res.output
+    assert "holds a run over another trial set" in " ".join(res.output.split())
+    assert not no_model_load
+
+
+def test_means_file_checked_before_loading(no_model_load, tiny_dirs, trials_file, tmp_path):
+    from locos_tl.ablation import AblationMeans
+    from locos_tl.cli._common import checkpoint_d_head
+    from locos_tl.cli.ablate import checkpoint_dims
+
+    args = [*_command_args("ablate", tiny_dirs, tmp_path, trials_file), "--k", "1"]
+    (tmp_path / "x.json").write_text('{"q": [1, 2]}')
+    res = runner.invoke(app, [*args, "--means", str(tmp_path / "x.json")])
+    assert res.exit_code == 2, res.output
+    flat = " ".join(res.output.split())
+    assert f"--means {tmp_path / 'x.json'} is not a calibration means file" in flat
+    assert "SafetensorError" not in res.output and "Traceback" not in res.output
+    L, H = checkpoint_dims(str(tiny_dirs["qwen3"]))
+    d = checkpoint_d_head(str(tiny_dirs["qwen3"]))
+    for shape in [(L + 1, H, d), (L, H, d + 1)]:
+        AblationMeans(q=torch.zeros(shape), z=torch.zeros(shape)).save(tmp_path / "m.st")
+        res = runner.invoke(app, [*args, "--means", str(tmp_path / "m.st")])
+        assert res.exit_code == 2, res.output
+        assert f"q has shape {shape} (layers, heads, head width), the model " \
+               f"{tiny_dirs['qwen3']} {(L, H, d)}" in " ".join(res.output.split())
+    assert not no_model_load and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("command", ["score", "ablate", "patch", "compress", "demo",
+                                     "calibrate"])
+def test_out_is_checked_before_loading(no_model_load, tiny_dirs, trials_file, tmp_path,
+                                       command):
+    taken = tmp_path / "taken"
+    taken.write_text("a file")
+    if command == "demo":
+        args = ["demo", "--out", str(taken)]
+    elif command == "calibrate":
+        (tmp_path / "p.txt").write_text("some text\n")
+        taken = tmp_path
+        args = ["calibrate", "--model", str(tiny_dirs["qwen3"]), "--prompts",
+                str(tmp_path / "p.txt"), "--out", str(taken)]
+    else:
+        args = _command_args(command, tiny_dirs, tmp_path, trials_file)
+        args[args.index("--out") + 1] = str(taken / "sub" if command == "patch" else taken)
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2, res.output
+    flat = " ".join(res.output.split())
+    assert "Invalid value for '--out'" in flat, res.output
+    assert ("is a directory" if command == "calibrate" else "file") in flat
+    assert "FileExistsError" not in res.output and not no_model_load
+    assert taken.is_dir() if command == "calibrate" else taken.read_text() == "a file"
+
+
+def test_no_accepted_trial_fails_with_one_message(tiny_dirs, own_answer_trials, tmp_path):
+    from locos_tl import Trial
+
+    unanswered = [Trial(tokens=t.tokens, needle_span=t.needle_span, answer="Zyxwvut")
+                  for t in own_answer_trials]
+    trials = save_trials(unanswered, tmp_path / "t.jsonl")
+    res = runner.invoke(app, ["score", "--model", str(tiny_dirs["qwen3"]), "--trials",
+                              str(trials), "--out", str(tmp_path / "run"), "--method",
+                              "locos,wu", "--max-new-tokens", "4"])
+    assert res.exit_code == 2, res.output
+    flat = " ".join(res.output.split())
+    assert flat.count("no trial was accepted") == 1, res.output
+    assert "0 of 3 (3 failed the ROUGE-1 gate" in flat
+    assert f"{tmp_path / 'run'}/trials.jsonl" in flat
+    assert "warning" not in res.output.lower() and "top 10 heads" not in res.output
+    assert not (tmp_path / "run" / "locos").exists()  # no all-NaN outputs
+    assert len((tmp_path / "run" / "trials.jsonl").read_text().splitlines()) == 3
+
+
+def test_lengths_checked_against_the_context_before_any_work(no_model_load, tmp_path):
+    from locos_tl.organisms import LONG_ORGANISM, SMALL_ORGANISM
+
+    out = tmp_path / "t.jsonl"
+    n_ctx = json.loads((Path(LONG_ORGANISM) / "config.json").read_text())[
+        "max_position_embeddings"]
+    res = runner.invoke(app, ["build-trials", "organism", "--length", "8192", "--out",
+                              str(out)])
+    assert res.exit_code == 2, res.output
+    assert (f"--length 8192 does not fit retrieval-long: its context is {n_ctx} tokens "
+            f"(max_position_embeddings), which holds prompts of at most {n_ctx - 7} tokens"
+            ) in " ".join(res.output.split())
+    assert not out.exists()
+    ok = runner.invoke(app, ["build-trials", "organism", "--length", str(n_ctx - 7), "--n",
+                             "1", "--out", str(out)])
+    assert ok.exit_code == 0, ok.output
+    small_ctx = json.loads((Path(SMALL_ORGANISM) / "config.json").read_text())[
+        "max_position_embeddings"]
+    res = runner.invoke(app, ["demo", "--model", "retrieval-2l", "--length", "4096",
+                              "--out", str(tmp_path / "d")])
+    assert res.exit_code == 2, res.output
+    assert (f"--length 4096 does not fit retrieval-2l: its context is {small_ctx} tokens"
+            in " ".join(res.output.split()))
+    assert not no_model_load and not (tmp_path / "d").exists()

@@ -130,3 +130,90 @@ def test_errors():
         kv_budgets(np.zeros((1, 4)), 0.5, 10, 2, allocation="snap")  # type: ignore[arg-type]
     with pytest.raises(LocosError, match=r"\[n_layers, n_heads\]"):
         kv_budgets(np.zeros(4), 0.5, 10, 2)
+
+
+# a sliding-window layer (window 8: its full cache stores the last 7 context keys) and a
+# full-attention layer, 2 kv groups each, context 40: the full cache stores 2 * (7 + 40)
+CAP, C = [7, 40], 40
+SLIDING_FIRST = np.array([[1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+FULL_FIRST = SLIDING_FIRST[::-1].copy()
+
+
+@pytest.mark.parametrize("allocation", ["greedy", "proportional", "uniform"])
+def test_capacity_no_unit_above_its_layer_and_the_budget_all_stored(allocation):
+    for fraction in (0.45, 0.5, 0.8, 0.95):  # 0.45 * 94 = 42 entries, above the floor 38
+        got = {}
+        for name, s in (("sliding", SLIDING_FIRST), ("full", FULL_FIRST)):
+            b = kv_budgets(s, fraction, C, 2, capacity=CAP, allocation=allocation)
+            assert (b.entries[0] <= 7).all() and (b.entries[1] <= 40).all()
+            assert b.full_entries == 2 * (7 + 40)
+            assert b.retained_entries == round(fraction * 94)
+            assert b.retained_fraction == b.retained_entries / 94
+            got[name] = b.entries.tolist()
+        if allocation == "greedy":  # whatever the ranking: the sliding units cannot take more
+            assert got["sliding"] == got["full"]
+
+
+def test_capacity_greedy_hand_computed():
+    # total round(0.8 * 94) = 75; floors 7, 7 (capacity), 12, 12 = 38; 37 extra: the
+    # sliding units are already full, so the ranking's surplus passes on: 28 to (1, 0),
+    # 9 to (1, 1)
+    b = kv_budgets(SLIDING_FIRST, 0.8, C, 2, capacity=CAP)
+    assert b.entries.tolist() == [[7, 7], [40, 21]]
+    assert b.is_full().tolist() == [[True, True], [True, False]]
+    # a sliding unit keeps the last positions of its window (the sinks lie outside it)
+    np.testing.assert_array_equal(b.positions(0, 0), np.arange(33, 40))
+    np.testing.assert_array_equal(b.positions(1, 1), np.r_[0:4, 40 - 17 : 40])
+    # uniform: 75 / 4 = 18.75 is above the sliding capacity: 7 each, 61 shared by the rest
+    u = kv_budgets(SLIDING_FIRST, 0.8, C, 2, capacity=CAP, allocation="uniform")
+    assert u.entries.tolist() == [[7, 7], [31, 30]]
+    df = b.to_frame()
+    assert df["capacity"].tolist() == [7, 7, 40, 40]
+    assert df["unit_fraction"].tolist() == [1.0, 1.0, 1.0, 21 / 40]
+
+
+def test_capacity_below_floor_and_partial_sliding_unit():
+    # 0.1 * 94 = 9 entries < floors 38: shrunk evenly, in rank order
+    with pytest.warns(UserWarning, match="below the floor"):
+        b = kv_budgets(FULL_FIRST, 0.1, C, 2, capacity=CAP)
+    assert b.entries.tolist() == [[2, 2], [3, 2]]
+    np.testing.assert_array_equal(b.positions(0, 0), [38, 39])
+    # a window covering the whole context is a full layer: sinks + recent
+    # (17 entries: floors 3 each, then 3 to (0, 0), 2 to (0, 1))
+    b = kv_budgets(SLIDING_FIRST, 0.7, 6, 2, capacity=[6, 6], sinks=2, min_recent=1)
+    assert b.entries.tolist() == [[6, 5], [3, 3]]
+    np.testing.assert_array_equal(b.positions(0, 1), [0, 1, 3, 4, 5])
+
+
+def test_capacity_errors():
+    with pytest.raises(LocosError, match="one integer per layer"):
+        kv_budgets(SLIDING_FIRST, 0.5, C, 2, capacity=[7])
+    with pytest.raises(LocosError, match=r"in \[0, context_len=40\]"):
+        kv_budgets(SLIDING_FIRST, 0.5, C, 2, capacity=[7, 41])
+
+
+def test_one_fraction_check_for_the_api_and_the_cli():
+    """`compression_sweep(fractions=)` and `locos compress --fractions` share
+    `check_fractions`, importable without torch (the CLI checks before loading)."""
+    import subprocess
+    import sys
+
+    import typer
+
+    from locos_tl.cli.compress import parse_fractions
+    from locos_tl.compress.fractions import check_fractions
+
+    assert check_fractions([0.5, "0.1", 0.5, 1]) == [0.5, 0.1, 1.0]
+    assert parse_fractions(" 0.5, 0.1,,0.5,1 ") == [0.5, 0.1, 1.0]
+    for bad, message in (([0.0], r"^0 is outside \(0, 1\]"), ([1.5], r"^1.5 is outside"),
+                         ([float("nan")], "^nan is outside"), (["ten"], "'ten' is not a number"),
+                         ([], "^no fraction given")):
+        with pytest.raises(LocosError, match=message):
+            check_fractions(bad)
+        with pytest.raises(typer.BadParameter, match=message):
+            parse_fractions(",".join(map(str, bad)))
+    code = ("import sys; from locos_tl.compress import check_fractions; "
+            "check_fractions([0.1]); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"

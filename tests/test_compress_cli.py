@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from tolerances import EPS64, sum_tol
 from typer.testing import CliRunner
 
 from locos_tl import load_model, save_trials, score_trials
 from locos_tl.cli import app
-from locos_tl.organisms import DEFAULT_ORGANISM, make_trials
+from locos_tl.organisms import SMALL_ORGANISM, make_trials
 
 runner = CliRunner()
 FRACTIONS = (0.1, 0.25, 0.5, 1.0)
@@ -23,9 +24,9 @@ METHODS = ("locos", "wu", "headkv")
 
 @pytest.fixture(scope="module")
 def organism():
-    if not (Path(DEFAULT_ORGANISM) / "config.json").exists():
-        pytest.fail(f"the shipped organism is missing: {DEFAULT_ORGANISM}")
-    return load_model(DEFAULT_ORGANISM, device="cpu")
+    if not (Path(SMALL_ORGANISM) / "config.json").exists():
+        pytest.fail(f"the shipped organism is missing: {SMALL_ORGANISM}")
+    return load_model(SMALL_ORGANISM, device="cpu")
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +44,7 @@ def setup(organism, tmp_path_factory):
 
 
 def _args(setup, out: Path, *extra: str) -> list[str]:
-    return ["compress", "--model", DEFAULT_ORGANISM, "--heads", str(setup["tmp"] / "scores"),
+    return ["compress", "--model", SMALL_ORGANISM, "--heads", str(setup["tmp"] / "scores"),
             "--trials", str(setup["files"]["literal"]),
             "--trials", str(setup["files"]["nonliteral"]),
             "--fractions", ",".join(map(str, FRACTIONS)), "--out", str(out), *extra]
@@ -97,8 +98,12 @@ def test_compress_writes_the_sweep_of_the_api(organism, setup):
     acc = a[(a.ranking == "wu") & (a.fraction == 0.25)].groupby("task")["correct"].mean()
     row = next(line for line in text.splitlines()
                if re.match(r"\s*wu\s+greedy\s+0\.25", line))
-    assert [float(x) for x in row.split()[3:5]] == pytest.approx(
+    assert [float(x) for x in row.split()[3:5]] == pytest.approx(  # printed with 3 decimals
         [acc["literal"], acc["nonliteral"]], abs=5e-4)
+
+    # progress is a tqdm bar over the trials, as in every other command
+    assert re.search(rf"compressing: 100%.*{len(trials)}/{len(trials)}", text)
+    assert not re.search(r"\d+/\d+ trials", text)
 
     # a rerun resumes: nothing is recomputed, the rows stay
     again = runner.invoke(app, _args(setup, out))
@@ -144,6 +149,38 @@ def no_model_load(monkeypatch):
 
     monkeypatch.setattr(locos_tl.models, "load_model", load_model)
     return calls
+
+
+def test_compress_resume_refuses_another_dtype(setup, tmp_path, monkeypatch):
+    """Issue 19: a float32 run resumed with --dtype bfloat16 is refused before the
+    model loads, as `locos score` refuses it; so is a run recorded before dtype was a
+    setting (its provenance says float32)."""
+    import locos_tl.models
+
+    out = tmp_path / "run"
+    args = _args(setup, out, "--heads", str(setup["tmp"] / "scores" / "wu"),
+                 "--include", "none", "--fractions", "1")
+    args[args.index("--heads") + 1] = str(setup["tmp"] / "scores" / "locos")
+    assert runner.invoke(app, args).exit_code == 0
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["settings"]["dtype"] == meta["model"]["dtype"] == "float32"
+    csv = (out / "compression.csv").read_text()
+
+    def no_load(*a, **k):
+        raise AssertionError("the model was loaded before the run directory was checked")
+
+    monkeypatch.setattr(locos_tl.models, "load_model", no_load)
+    for old_meta in (meta, {**meta, "settings": {k: v for k, v in meta["settings"].items()
+                                                  if k != "dtype"}}):
+        (out / "meta.json").write_text(json.dumps(old_meta))
+        res = runner.invoke(app, [*args, "--dtype", "bfloat16"])
+        assert res.exit_code == 2, res.output
+        assert "other settings (dtype)" in " ".join(res.output.split())
+        assert (out / "compression.csv").read_text() == csv
+    monkeypatch.undo()
+    same = runner.invoke(app, [*args, "--dtype", "fp32"])  # the same dtype, another name
+    assert same.exit_code == 0, same.output
+    assert "skipping 6 of 6" in same.output
 
 
 @pytest.mark.parametrize("extra, message", [
@@ -223,7 +260,10 @@ def test_heads_takes_a_heads_json_file(setup, tmp_path):
     assert len(by_file) == 1
     (got,) = by_file.values()
     assert got.top_k(5) == by_run.top_k(5)
-    assert got.scores.numpy() == pytest.approx(by_run.scores.numpy(), abs=1e-6)
+    # heads.json keeps every per-trial float64 score (JSON repr is exact); the means are
+    # recomputed, a sum of n_trials terms in another order at worst
+    tol = sum_tol(by_run.trial_scores.abs().max(), by_run.n_trials, eps=EPS64)
+    assert got.scores.numpy() == pytest.approx(by_run.scores.numpy(), abs=tol, rel=0)
     full = load_rankings([f"mine={saved / 'head_scores.json'}"])
     assert full["mine"].top_k(5) == by_run.top_k(5)
     (tmp_path / "heads.txt").write_text("x")

@@ -1,18 +1,28 @@
 """Compressed decoding (locos_tl.compress): the full budget reproduces plain greedy
 decoding; partial budgets equal an independent brute-force reference (uncached bridge
-forward with evicted keys masked per head at ``hook_attn_scores``); measured bytes."""
+forward with evicted keys masked per head at ``hook_attn_scores``); measured bytes;
+budgets on sliding-window layers; models with learned attention sinks refused.
+
+Logits are compared within :func:`tolerances.model_tol` (float32 summation order: the
+kernels differ, the math does not). Measured on this machine, largest error / tolerance:
+full budget 6.9e-6 / 6.9e-4 (llama; 1.09e-5 on the machine of issue 19, where a fixed
+1e-5 failed), partial budgets 1.5e-5 / 6.9e-4 (llama), the same under
+``OMP_NUM_THREADS=1`` and the default.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 import torch
+from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial
-from locos_tl.compress import compressed_generate, kv_budgets
-from locos_tl.compress.generate import n_heads_of
+from locos_tl.compress import compress_cache, compressed_generate, context_capacity, kv_budgets
+from locos_tl.compress.cache import layer_entries
+from locos_tl.compress.generate import n_heads_of, prefill_context
 from locos_tl.decode import greedy_decode
-from locos_tl.errors import TrialError
+from locos_tl.errors import LocosError, TrialError
 
 N, QS, STEPS = 40, 36, 6
 
@@ -33,12 +43,13 @@ def _plain(model, trial):
 def _check_full(model):
     trial = _trial(model)
     L, H, n_kv = n_heads_of(model)
-    b = kv_budgets(np.zeros((L, H)), 1.0, QS, n_kv)
+    b = kv_budgets(np.zeros((L, H)), 1.0, QS, n_kv, capacity=context_capacity(model, QS))
     res = compressed_generate(model, trial, b, max_new_tokens=STEPS, stop_at_eos=False,
                               stop_rule="newline_token", keep_logits=True)
     toks, logits = _plain(model, trial)
     assert res.tokens == toks
-    torch.testing.assert_close(res.logits, logits, atol=1e-5, rtol=0)
+    assert_close_within(res.logits, logits, model_tol(model, logits, n_tokens=N + STEPS),
+                        "compressed vs plain greedy logits")
     assert res.retained_entries == res.full_entries
     assert res.kv_bytes == res.full_kv_bytes
 
@@ -81,21 +92,22 @@ def _reference_logits(model, trial, generated, budgets, qs):
     return masked[trial.n_tokens - 1 :].float(), plain[trial.n_tokens - 1 :].float()
 
 
-def _check_partial(model, unit, fraction=0.45, seed=0, allocation="greedy"):
+def _check_partial(model, unit, fraction=0.45, seed=0, allocation="greedy", scores=None):
     trial = _trial(model, seed=seed)
     L, H, n_kv = n_heads_of(model)
-    scores = np.random.default_rng(seed).random((L, H))
+    if scores is None:
+        scores = np.random.default_rng(seed).random((L, H))
     b = kv_budgets(scores, fraction, QS, n_kv, unit=unit, allocation=allocation,
-                   sinks=2, min_recent=3)
+                   sinks=2, min_recent=3, capacity=context_capacity(model, QS))
     assert 0 < b.retained_fraction < 1 and not b.is_full().all()
     assert b.is_full().any() or allocation != "greedy"
     res = compressed_generate(model, trial, b, max_new_tokens=STEPS, stop_at_eos=False,
                               keep_logits=True)
     ref, plain = _reference_logits(model, trial, res.tokens, b, QS)
-    # float32 kernels with different summation orders; logits reach ~8 in magnitude
-    torch.testing.assert_close(res.logits, ref, atol=1e-5, rtol=1e-5)
-    # the eviction matters: the unmasked forward differs
-    assert (plain - ref).abs().max() > 1e-2
+    tol = model_tol(model, ref, n_tokens=N + STEPS)
+    assert_close_within(res.logits, ref, tol, "compressed vs masked reference logits")
+    # the eviction matters: the unmasked forward differs far beyond rounding
+    assert (plain - ref).abs().max() > 10 * tol
     assert res.kv_bytes < res.full_kv_bytes
     return b, res
 
@@ -124,17 +136,94 @@ def test_query_head_variant_equals_masked_reference(tiny_models):
     assert res.kv_bytes == union * 2 * d_head * 4
 
 
-def test_sliding_layer_intersects_window(windowed):
+def test_sliding_layer_budgets_stay_in_the_window(windowed):
     model = windowed("gemma3")
     window = int(model.original_model.config.sliding_window)
-    b, res = _check_partial(model, "kv_group", fraction=0.5)
     # every gemma layer here is sliding: the full cache holds window - 1 keys per group
     L, H, n_kv = n_heads_of(model)
-    assert res.full_entries == L * n_kv * (window - 1)
-    kept = sum(np.intersect1d(b.positions(l, g), np.arange(QS - window + 1, QS)).size
-               for l in range(L) for g in range(n_kv))
-    assert res.retained_entries == kept
-    assert res.kv_bytes == kept * 2 * int(model.cfg.d_head) * 4
+    assert context_capacity(model, QS).tolist() == [window - 1] * L
+    b, res = _check_partial(model, "kv_group", fraction=0.8)
+    assert res.full_entries == b.full_entries == L * n_kv * (window - 1)
+    assert res.retained_entries == b.retained_entries == round(0.8 * b.full_entries)
+    for l in range(L):
+        for g in range(n_kv):
+            assert set(b.positions(l, g)) <= set(range(QS - window + 1, QS))
+    assert res.kv_bytes == b.retained_entries * 2 * int(model.cfg.d_head) * 4
+
+
+@pytest.fixture(scope="module")
+def mixed_gemma(tmp_path_factory):
+    """Tiny Gemma-3 with a sliding layer (window 8) then a full-attention layer."""
+    from locos_tl import load_model
+    from locos_tl.tiny import make_tiny_checkpoint
+
+    path = make_tiny_checkpoint("gemma3", tmp_path_factory.mktemp("mixed") / "gemma3",
+                                seed=3, sliding_window=8,
+                                layer_types=["sliding_attention", "full_attention"])
+    return load_model(path, device="cpu")
+
+
+def test_sliding_budget_surplus_goes_to_the_next_heads(mixed_gemma):
+    """Issue 19: a ranking that puts the sliding layer's heads first stores as many
+    entries as one that puts the full layer's first (the budget), counted in the real
+    compressed cache; retained_fraction is that count over the full cache's."""
+    model = mixed_gemma
+    L, H, n_kv = n_heads_of(model)
+    qs = 40
+    trial = _trial(model, n=44, qs=qs)
+    full = prefill_context(model, trial, qs)
+    stored_full = sum(layer.keys.shape[-2] * layer.keys.shape[1] for layer in full.layers)
+    assert stored_full == n_kv * (7 + 40)  # the window keeps its last 7 context keys
+    capacity = context_capacity(model, qs)
+    assert capacity.tolist() == [7, 40]
+    sliding_first = np.array([[1.0] * H, [0.0] * H])
+    stored = {}
+    for name, scores in (("sliding", sliding_first), ("full", sliding_first[::-1].copy())):
+        b = kv_budgets(scores, 0.5, qs, n_kv, capacity=capacity)
+        cache = compress_cache(full, b, H)
+        n = sum(sum(groups) for groups in layer_entries(cache))
+        assert n == cache.retained_entries == b.retained_entries
+        assert cache.full_entries == b.full_entries == stored_full
+        assert b.retained_fraction == n / stored_full
+        stored[name] = n
+    assert stored["sliding"] == stored["full"] == round(0.5 * stored_full)
+    # budgets that ignore the window are refused, not silently shrunk
+    blind = kv_budgets(sliding_first, 0.5, qs, n_kv)
+    with pytest.raises(LocosError, match="capacity=context_capacity"):
+        compressed_generate(model, trial, blind, max_new_tokens=1)
+
+
+def test_mixed_window_partial_budget_equals_masked_reference(mixed_gemma):
+    L, H, _ = n_heads_of(mixed_gemma)
+    sliding_first = np.array([[1.0] * H, [0.0] * H])
+    b, res = _check_partial(mixed_gemma, "kv_group", fraction=0.6, scores=sliding_first)
+    assert b.is_full()[0].all() and not b.is_full()[1].all()
+
+
+class _SinkAttention(torch.nn.Module):
+    """The part of GPT-OSS's attention that matters here: a learned sink per head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.sinks = torch.nn.Parameter(torch.zeros(4))
+        self.layer_idx, self.head_dim = 0, 16
+
+
+class _FakeSinkModel:
+    def __init__(self) -> None:
+        self.original_model = torch.nn.ModuleDict({"attn": _SinkAttention()})
+
+
+def test_learned_sinks_are_refused():
+    from locos_tl.compress.cache import compressed_attention, compression_twin
+
+    with pytest.raises(LocosError, match=r"\(attn\.sinks\) has learned attention sinks"):
+        compression_twin(_FakeSinkModel())
+    # the attention itself refuses an s_aux argument, or a module holding sinks
+    q = torch.zeros(1, 4, 1, 16)
+    for module, kw in ((torch.nn.Module(), {"s_aux": torch.zeros(4)}), (_SinkAttention(), {})):
+        with pytest.raises(LocosError, match="learned attention sinks"):
+            compressed_attention(module, q, q, q, None, **kw)
 
 
 def test_kv_bytes_measured_equal_entries(tiny_models):

@@ -31,7 +31,7 @@ from locos_tl.data.controls import (
 from locos_tl.data.hub import ControlExample
 from locos_tl.errors import DataFormatError
 from locos_tl.evaluate import BASELINE, dissociation_score
-from locos_tl.organisms import DEFAULT_ORGANISM, make_echo_trials, make_trials
+from locos_tl.organisms import SMALL_ORGANISM, make_echo_trials, make_trials
 from locos_tl.organisms import vocab as V
 from locos_tl.task_metrics import control_exact_match, nolima_contains, score_control
 from locos_tl.tiny import byte_bpe_tokenizer
@@ -140,7 +140,7 @@ def _hf_organism(heads: list[tuple[int, int]]):
     """The organism as a plain HF model; ``heads`` zeroed at the ``o_proj`` input."""
     from transformers import AutoModelForCausalLM
 
-    m = AutoModelForCausalLM.from_pretrained(DEFAULT_ORGANISM).eval()
+    m = AutoModelForCausalLM.from_pretrained(SMALL_ORGANISM).eval()
     d = m.config.head_dim
 
     def hook(layer: int):
@@ -187,7 +187,7 @@ MEASURED_P0, MEASURED_PK, MEASURED_DS = 1.0, 13 / 16, 0.8125
 
 
 def test_ablate_with_control_gives_ds_on_the_organism(tmp_path) -> None:
-    gt = json.loads((Path(DEFAULT_ORGANISM) / "ground_truth.json").read_text())
+    gt = json.loads((Path(SMALL_ORGANISM) / "ground_truth.json").read_text())
     writers = [tuple(h) for h in gt["nonliteral_writer"]]
     assert writers == [(1, 0), (1, 1)]
     retrieval = make_trials("nonliteral", 8, 64, seed=101)
@@ -200,7 +200,7 @@ def test_ablate_with_control_gives_ds_on_the_organism(tmp_path) -> None:
     out = tmp_path / "run"
     spec = ",".join(f"L{l}H{h}" for l, h in writers)
     res = runner.invoke(app, [
-        "ablate", "--model", DEFAULT_ORGANISM, "--heads", f"writers={spec}",
+        "ablate", "--model", SMALL_ORGANISM, "--heads", f"writers={spec}",
         "--trials", str(tmp_path / "nl.jsonl"), "--control", str(tmp_path / "echo.jsonl"),
         "--control-max-new-tokens", "1", "--out", str(out), "--k", "2", "--no-random",
         "--bottom", "none", "--mode", "output_zero", "--max-new-tokens", "2"])

@@ -76,13 +76,15 @@ def test_method_layout_and_stale_folders_cli(qwen3, tiny_dirs, own_answer_trials
     res = runner.invoke(app, [*args, "locos,wu"])
     assert res.exit_code == 0, res.output
     assert {p.name for p in out.iterdir() if p.is_dir()} == {"locos", "wu"}
-    # one method: the same layout (a method folder), other methods' folders removed
+    # fewer methods: nothing is deleted; the run's other method is kept, and said so
+    before = pd.read_csv(out / "scores.csv")
     res = runner.invoke(app, [*args, "locos"])
     assert res.exit_code == 0, res.output
-    assert {p.name for p in out.iterdir() if p.is_dir()} == {"locos"}
+    assert "also holds wu scores" in res.output and "kept" in res.output
+    assert {p.name for p in out.iterdir() if p.is_dir()} == {"locos", "wu"}
     assert not (out / "heads.json").exists() and (out / "locos" / "heads.json").exists()
-    assert set(pd.read_csv(out / "scores.csv")["method"]) == {"locos"}
-    assert json.loads((out / "meta.json").read_text())["settings"]["methods"] == ["locos"]
+    pd.testing.assert_frame_equal(pd.read_csv(out / "scores.csv"), before)
+    assert json.loads((out / "meta.json").read_text())["settings"]["methods"] == ["locos", "wu"]
     # back to two: both folders again, and every consumer reads the run
     assert runner.invoke(app, [*args, "wu,locos"]).exit_code == 0
     assert set(pd.read_csv(out / "scores.csv")["method"]) == {"locos", "wu"}
@@ -106,6 +108,9 @@ def test_loader_reads_api_run_dirs(qwen3, own_answer_trials, tmp_path):
         assert hs.meta["n_accepted"] == res[m].meta["n_accepted"]
         assert torch.allclose(hs.scores, res[m].scores, atol=1e-12)
         assert hs.ranked() == res[m].ranked()
+        # one path from records to HeadScores (runner.aggregate): the same meta counts
+        for key in ("span", "acceptance", "n_trials", "n_dropped_gate", "settings"):
+            assert hs.meta[key] == res[m].meta[key], key
     with pytest.raises(LocosError, match="several methods") as info:
         load_head_scores(tmp_path)
     assert str(tmp_path / "wu") in str(info.value)
@@ -129,7 +134,9 @@ def test_api_rescore_with_fewer_methods_prunes(qwen3, own_answer_trials, tmp_pat
     assert (tmp_path / "locos" / "head_scores.json").exists()
     assert (tmp_path / "wu" / "notes.txt").exists()
     (tmp_path / "wu" / "notes.txt").unlink()
-    write_outputs(res["locos"], tmp_path)
+    with pytest.warns(UserWarning, match=r"removed the folders of wu, methods this run does "
+                                         r"not score \(locos\)"):  # never silently
+        write_outputs(res["locos"], tmp_path)
     assert not (tmp_path / "wu").exists()
     with pytest.raises(LocosError, match="not of 'wu'"):
         load_head_scores(tmp_path, "wu")

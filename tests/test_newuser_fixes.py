@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 
 from locos_tl import HeadScores, save_trials
 from locos_tl.cli import app
-from locos_tl.organisms import DEFAULT_ORGANISM, make_echo_trials, make_trials
+from locos_tl.organisms import SMALL_ORGANISM, make_echo_trials, make_trials
 
 runner = CliRunner()
 ABLATE = ["--heads", "w=L1H0", "--k", "1", "--no-random", "--bottom", "none",
@@ -37,7 +37,7 @@ def no_model_load(monkeypatch):
 
 
 def _ablate(trials: Path, out: Path, *extra: str):
-    return runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(trials),
+    return runner.invoke(app, ["ablate", "--model", SMALL_ORGANISM, "--trials", str(trials),
                                "--out", str(out), *ABLATE, *extra])
 
 
@@ -100,7 +100,7 @@ def test_rankings_of_all_zero_scores_warn():
 def test_ablate_refuses_an_all_zero_head_set_before_loading(tmp_path, no_model_load):
     HeadScores("wu", torch.zeros(3, 2, 8)).save(tmp_path / "wu")
     a = save_trials(make_trials("nonliteral", 2, 64, seed=1), tmp_path / "a.jsonl")
-    res = runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(a),
+    res = runner.invoke(app, ["ablate", "--model", SMALL_ORGANISM, "--trials", str(a),
                               "--out", str(tmp_path / "run"), "--heads", str(tmp_path / "wu"),
                               "--k", "1"])
     assert res.exit_code == 2, res.output
@@ -118,7 +118,7 @@ def test_echo_control_budget_is_one_token_and_p0_zero_warns(tmp_path):
     assert all(t.meta.get("control") == "echo" for t in wrong)
     c = save_trials(wrong, tmp_path / "echo.jsonl")
     out = tmp_path / "run"
-    res = runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(a),
+    res = runner.invoke(app, ["ablate", "--model", SMALL_ORGANISM, "--trials", str(a),
                               "--out", str(out), "--control", str(c), "--heads", "w=L1H0",
                               "--k", "1", "--no-random", "--bottom", "none", "--mode",
                               "output_zero", "--max-new-tokens", "4"])
@@ -143,7 +143,7 @@ def test_ablate_checks_heads_and_k_against_the_checkpoint_before_loading(
 
     a = save_trials(make_trials("nonliteral", 2, 64, seed=1), tmp_path / "a.jsonl")
     out = tmp_path / "run"
-    res = runner.invoke(app, ["ablate", "--model", DEFAULT_ORGANISM, "--trials", str(a),
+    res = runner.invoke(app, ["ablate", "--model", SMALL_ORGANISM, "--trials", str(a),
                               "--out", str(out), *extra])
     assert res.exit_code == 2, res.output
     assert re.search(message, res.output), res.output
@@ -153,8 +153,8 @@ def test_ablate_checks_heads_and_k_against_the_checkpoint_before_loading(
 def test_checkpoint_dims_read_the_config():
     from locos_tl.cli.ablate import checkpoint_dims
 
-    cfg = json.loads((Path(DEFAULT_ORGANISM) / "config.json").read_text())
-    assert checkpoint_dims(DEFAULT_ORGANISM) == (cfg["num_hidden_layers"],
+    cfg = json.loads((Path(SMALL_ORGANISM) / "config.json").read_text())
+    assert checkpoint_dims(SMALL_ORGANISM) == (cfg["num_hidden_layers"],
                                                  cfg["num_attention_heads"]) == (2, 8)
     assert checkpoint_dims("Qwen/Qwen3-8B") is None  # a hub name: checked after the load
 
@@ -187,3 +187,91 @@ def test_heads_with_an_unknown_method_lists_the_methods(tmp_path):
     msg = str(exc.value)
     assert "'nosuch' is no method" in msg and "--method nosuch" not in msg
     assert all(m in msg for m in DETECTORS)
+
+
+# -- 8. issue 19: the test script, rankings of more heads than there are, one default ------
+def test_test_script_runs_every_step_and_lists_the_failures(tmp_path):
+    """scripts/test.sh runs ruff, pytest, the notebooks and the docs build even when
+    steps fail, names each failed step at the end and exits non-zero."""
+    import shutil
+    import stat
+    import subprocess
+
+    repo = Path(__file__).resolve().parents[1]
+    (tmp_path / "scripts").mkdir()
+    shutil.copy(repo / "scripts" / "test.sh", tmp_path / "scripts" / "test.sh")
+    bin_dir = tmp_path / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    log = tmp_path / "calls.log"
+    fakes = {  # ruff fails; pytest fails for the notebooks only; mkdocs passes
+        "ruff": "exit 3",
+        "python": 'case "$*" in *notebooks*) exit 1;; *) exit 0;; esac',
+        "mkdocs": "exit 0",
+    }
+    for name, body in fakes.items():
+        f = bin_dir / name
+        f.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >> "{log}"\n{body}\n')
+        f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    res = subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh"), "-x"],
+                         capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert [c.split()[0] for c in calls] == ["ruff", "python", "python", "mkdocs"]
+    assert calls[1] == "python -m pytest -x"  # extra arguments go to the first pytest
+    assert res.returncode == 1, res.stdout
+    assert "2 of 4 steps failed:\n    ruff (exit code 3)\n    notebooks (exit code 1)" \
+        in res.stdout
+    fakes["ruff"] = fakes["python"] = "exit 0"
+    for name, body in fakes.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+    res = subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh")],
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 0 and "all 4 steps passed" in res.stdout, res.stdout
+
+
+def test_top_k_of_more_heads_than_there_are_raises():
+    from locos_tl.errors import HeadSpecError
+
+    hs = HeadScores("locos", torch.randn(2, 3, 8, generator=torch.Generator().manual_seed(0)))
+    assert len(hs.top_k(24)) == 24 and len(hs.bottom_k(24)) == 24
+    assert sorted(hs.top_k(24)) == [(l, h) for l in range(3) for h in range(8)]
+    for rank in (hs.top_k, hs.bottom_k):
+        with pytest.raises(ValueError, match=r"k = 100 is more heads than there are: 24 in "
+                                             r"all \(3 layers x 8 heads\)") as info:
+            rank(100)
+        assert isinstance(info.value, HeadSpecError)
+
+
+def test_one_default_organism_everywhere():
+    """DEFAULT_ORGANISM, the demo's default and the docs name one organism; every
+    shipped checkpoint is listed; the docs' head labels are the default's heads."""
+    import re
+
+    from locos_tl.cli.demo import resolve_organism
+    from locos_tl.organisms import DEFAULT_ORGANISM, LONG_ORGANISM, ORGANISMS
+
+    repo = Path(__file__).resolve().parents[1]
+    assert Path(DEFAULT_ORGANISM) == Path(LONG_ORGANISM) == resolve_organism(None)
+    assert Path(DEFAULT_ORGANISM).name == "retrieval-long"
+    shipped = sorted(p.name for p in (repo / "data" / "organisms").iterdir()
+                     if (p / "config.json").exists())
+    assert shipped == sorted(ORGANISMS)
+    assert all(Path(ORGANISMS[n]).name == n for n in shipped)
+    readme = (repo / "README.md").read_text()
+    assert f"{['', 'One', 'Two', 'Three', 'Four'][len(shipped)]} checkpoints ship" in readme
+    assert all(f"`{n}`" in readme for n in shipped)
+    assert "`retrieval-long`, the default" in readme
+    # the figures show the default organism: every head the docs name is one of its roles
+    gt = json.loads((Path(DEFAULT_ORGANISM) / "ground_truth.json").read_text())
+    roles = {f"L{l}H{h}" for key in ("literal_copy", "nonliteral_writer", "prev_token")
+             for l, h in gt[key]}
+    intro = (repo / "docs" / "figures.md").read_text().split("\n## ")[0]
+    named = set(re.findall(r"L\dH\d", intro))
+    assert named and named <= roles, named - roles
+    assert {f"L{l}H{h}" for l, h in gt["nonliteral_writer"]} <= named
+
+
+def test_niah_help_names_the_spans():
+    res = runner.invoke(app, ["build-trials", "niah", "--help"])
+    text = " ".join(res.output.split())
+    assert res.exit_code == 0 and "span = real_needle" not in text
+    assert "needle span = the whole needle" in text and "answer span = its real_needle" in text

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
 from planted import NAMES, PLANTED, build_planted, name_token, planted_trials
+from tolerances import assert_close_within, model_tol
 
 from locos_tl.compare import compare_rankings, layer_buckets
 from locos_tl.errors import TrialError
@@ -60,13 +60,23 @@ def test_cri_ranks_planted_head_first_and_locos_agrees(planted) -> None:
     assert table.loc["all", "n_heads"] == 8
 
 
+def _cri_tol(model, tokens) -> float:
+    """A CRI score is a difference of two metrics, each a difference of two logits: four
+    logits' float32 summation-order tolerance (tests/tolerances.py)."""
+    with torch.no_grad():
+        logits = model(torch.tensor([list(tokens)]), return_type="logits")[0]
+    return 4 * model_tol(model, logits, n_tokens=len(tokens))
+
+
 def test_batched_patching_equals_sequential(planted) -> None:
     model, trials = planted
     batched = cri_trial(model, trials[1], batch_size=3, max_new_tokens=3)
     seq = cri_trial(model, trials[1], batch_size=1, max_new_tokens=3, chunk_size=32)
     assert batched["n_forwards"] == 2 + math.ceil(8 / 3)
     assert seq["n_forwards"] == 2 + 8
-    np.testing.assert_allclose(batched["scores"]["cri"], seq["scores"]["cri"], atol=1e-4)
+    assert_close_within(torch.tensor(batched["scores"]["cri"]),
+                        torch.tensor(seq["scores"]["cri"]), _cri_tol(model, trials[1].tokens),
+                        "cri, batched vs sequential")
     assert batched["gold"] == name_token(model.tokenizer, trials[1].answer)
     assert batched["counterfactual"] != batched["gold"]
     assert batched["metric_clean"] > batched["metric_corrupted"] + 5
@@ -81,6 +91,7 @@ def test_cri_matches_naive_full_forward_patching(planted) -> None:
     clean = torch.tensor([t.tokens])
     corr = torch.tensor([corrupt_tokens(model.tokenizer, t, "filler")])
     gold, cf = rec["gold"], rec["counterfactual"]
+    tol = _cri_tol(model, t.tokens)
     with torch.no_grad():
         _, cache = model.run_with_cache(clean, names_filter=lambda n: n.endswith("hook_z"))
         base = model(corr)[0, -1]
@@ -95,7 +106,7 @@ def test_cri_matches_naive_full_forward_patching(planted) -> None:
 
             out = model.run_with_hooks(corr, fwd_hooks=[(f"blocks.{l}.attn.hook_z", patch)])
             want = float((out[0, -1, gold] - out[0, -1, cf]) - (base[gold] - base[cf]))
-            assert rec["scores"]["cri"][l][h] == pytest.approx(want, abs=2e-4)
+            assert_close_within(rec["scores"]["cri"][l][h], want, tol, f"cri L{l}H{h}")
 
 
 def test_identity_corruption_gives_zero_cri(planted) -> None:
@@ -103,8 +114,10 @@ def test_identity_corruption_gives_zero_cri(planted) -> None:
     t = trials[0]
     s, e = t.needle_span
     rec = cri_trial(model, t, filler=list(t.tokens[s:e]), answer_position="prompt_end")
-    np.testing.assert_allclose(rec["scores"]["cri"], 0.0, atol=1e-4)
-    assert rec["metric_clean"] == pytest.approx(rec["metric_corrupted"], abs=1e-4)
+    tol = _cri_tol(model, t.tokens)
+    cri = torch.tensor(rec["scores"]["cri"])
+    assert_close_within(cri, torch.zeros_like(cri), tol, "cri of an identity corruption")
+    assert_close_within(rec["metric_clean"], rec["metric_corrupted"], tol / 2, "metrics")
 
 
 def test_name_swap_cri(planted) -> None:

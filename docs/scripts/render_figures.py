@@ -2,7 +2,7 @@
 
 Usage (from the repository root)::
 
-    python docs/scripts/render_figures.py            # the shipped organism (a few minutes)
+    python docs/scripts/render_figures.py            # the default organism (a few minutes)
     python docs/scripts/render_figures.py --tiny     # a tiny random model (fast, no organism)
 
 Each figure is written with ``write_html`` and screenshotted by Playwright, the same
@@ -43,51 +43,56 @@ def tiny_figures() -> dict[str, Any]:
 
 
 def organism_figures() -> dict[str, Any]:
-    """The figures of the notebooks, on the shipped organism (``LOCOS_ORGANISM`` overrides)."""
+    """The figures of the notebooks (as notebook 03 computes them), on the default
+    organism ``retrieval-long`` at 512 tokens (``LOCOS_ORGANISM`` and ``LOCOS_TOKENS``
+    override)."""
     import locos_tl
     from locos_tl import plot
     from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
 
     path = os.environ.get("LOCOS_ORGANISM", DEFAULT_ORGANISM)
+    n_tokens = int(os.environ.get("LOCOS_TOKENS", "512"))
     model = locos_tl.load_model(path, device="cpu")
     book = default_book_dir() if default_book_dir().is_dir() else None
-    detect = make_trials("nonliteral", 32, n_tokens=[64, 96, 128], book=book, seed=3)
+    detect = make_trials("nonliteral", 32, n_tokens=n_tokens, book=book, seed=3)
     s = locos_tl.score_trials(model, detect, methods=["locos", "wu", "attention_spatial"],
-                              max_new_tokens=4, progress=False)
-    evals = {task: make_trials(task, 10, n_tokens=[64, 128], book=book, seed=4)
+                              max_new_tokens=4)
+    evals = {task: make_trials(task, 10, n_tokens=n_tokens, book=book, seed=4)
              for task in ("nonliteral", "literal")}
     calib = [t.tokens for task in ("nonliteral", "literal")
-             for t in make_trials(task, 10, 128, book=book, seed=5)]
+             for t in make_trials(task, 10, n_tokens, book=book, seed=5)]
     means = locos_tl.calibrate_means(model, calib)
     abl = {task: locos_tl.evaluate(model, trials, {"locos": s["locos"], "wu": s["wu"]},
                                    k=[1, 2, 4], means=means, seeds=(0, 1, 2),
-                                   max_new_tokens=2, progress=False)
+                                   max_new_tokens=2)
            for task, trials in evals.items()}
     ds = locos_tl.dissociation_score(abl["nonliteral"], abl["literal"],
                                      retrieval_metric="rougeL", control_metric="rougeL")
-    cri = locos_tl.patch_heads(model, evals["nonliteral"][:8], max_new_tokens=4,
-                               progress=False)
+    cri = locos_tl.patch_heads(model, evals["nonliteral"][:8], max_new_tokens=4)
     t = detect[0]
     target = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1).generated[0]
     phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
     words = plot.token_labels(model.tokenizer, t.tokens)
     tgt = model.tokenizer.decode([target])
     (top,) = s["locos"].top_k(1)
+    zoom = (max(0, t.needle_span[0] - 24), min(t.n_tokens, t.needle_span[1] + 24))  # needle
     non = abl["nonliteral"]
     return {
         "head_heatmap": plot.head_heatmap([s["locos"], s["wu"], s["attention_spatial"]],
                                           normalize=True,
-                                          title="organism, non-literal trials"),
+                                          title=f"{Path(path).name}, non-literal trials, "
+                                                f"{n_tokens} tokens"),
         "layer_distribution": plot.layer_distribution([s["locos"], s["wu"], cri], k=4),
         "ablation_curves": plot.ablation_curves(
             non[non.metric == "rougeL"],
             title="non-literal retrieval after ablating the top-k heads"),
         "dissociation": plot.dissociation(ds, title="DS(k): non-literal drop minus literal drop"),
         "rank_scatter": plot.rank_scatter(s["locos"], cri, names=("LOCOS", "CRI")),
-        "phi_explorer": plot.phi_explorer(phi, words, 0, needle_span=t.needle_span, target=tgt),
+        "phi_explorer": plot.phi_explorer(phi, words, 0, needle_span=t.needle_span,
+                                          target=tgt, window=zoom),
         "reads_vs_writes": plot.reads_vs_writes(pattern, phi, words, top,
-                                                needle_span=t.needle_span, target=tgt),
-        "compression_curves": compression_figure(),
+                                                needle_span=t.needle_span, target=tgt,
+                                                window=zoom),
     }
 
 
@@ -151,8 +156,15 @@ def render(figs: dict[str, Any], out: Path = IMG) -> list[Path]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="use a tiny random model")
+    ap.add_argument("--skip-compression", action="store_true",
+                    help="leave compression_curves.png (the slowest figure) as it is")
     args = ap.parse_args()
-    figs = tiny_figures() if args.tiny else organism_figures()
+    if args.tiny:
+        figs = tiny_figures()
+    else:
+        figs = organism_figures()
+        if not args.skip_compression:
+            figs["compression_curves"] = compression_figure()
     for p in render(figs):
         print(p.relative_to(ROOT))  # noqa: T201
 

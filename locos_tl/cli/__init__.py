@@ -14,8 +14,8 @@ import typer
 from typer.core import TyperGroup
 
 # `locos --help` lists the commands in the order of the workflow, not of registration
-WORKFLOW_ORDER = ("build-trials", "score", "ablate", "patch", "compress", "calibrate", "demo",
-                  "train-organism")
+WORKFLOW_ORDER = ("models", "build-trials", "score", "ablate", "patch", "compress", "calibrate",
+                  "demo", "train-organism")
 
 
 class HelpGroup(TyperGroup):
@@ -56,6 +56,7 @@ app = typer.Typer(
 from locos_tl.cli import ablate as _ablate  # noqa: E402,F401
 from locos_tl.cli import compress as _compress  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
+from locos_tl.cli import models as _models  # noqa: E402,F401
 from locos_tl.cli import organism as _organism  # noqa: E402,F401
 from locos_tl.cli import score as _score  # noqa: E402,F401
 from locos_tl.cli import trials as _trials  # noqa: E402,F401

@@ -76,6 +76,260 @@ def check_dtype(dtype: str) -> str:
     return dtype
 
 
+# -- checks that need no model: --out, the checkpoint's config.json, the trials file --------
+def check_out_dir(out: Path, option: str = "--out") -> Path:
+    """``out`` if it can be a run directory: not an existing file, nor under one.
+
+    Raises:
+        typer.BadParameter: naming ``option`` (exit code 2).
+    """
+    for p in (out, *out.parents):
+        if p.exists() and not p.is_dir():
+            what = "is a file" if p == out else f"lies under the file {p}"
+            raise typer.BadParameter(f"{out} {what}; give a directory for the run",
+                                     param_hint=f"'{option}'")
+    return out
+
+
+def check_out_file(out: Path, option: str = "--out") -> Path:
+    """``out`` if a file can be written there: not a directory, no file among its parents.
+
+    Raises:
+        typer.BadParameter: naming ``option`` (exit code 2).
+    """
+    if out.is_dir():
+        raise typer.BadParameter(f"{out} is a directory; give a file name",
+                                 param_hint=f"'{option}'")
+    for p in out.parents:
+        if p.exists() and not p.is_dir():
+            raise typer.BadParameter(f"{out} lies under the file {p}",
+                                     param_hint=f"'{option}'")
+    return out
+
+
+def checkpoint_dir(model: str) -> Path | None:
+    """The local Hugging Face directory behind ``--model`` without loading it: the
+    directory itself, or a registry model's / ``.gguf`` file's prepared directory
+    (:func:`locos_tl.zoo.resolve_checkpoint`); None for a hub name.
+
+    Raises:
+        ModelLoadError: a registry model that is not fetched, a missing ``.gguf`` file.
+    """
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from locos_tl.zoo import resolve_checkpoint
+    except ImportError:  # pragma: no cover - the registry is optional
+        return None
+    found = resolve_checkpoint(model)
+    return Path(found) if found is not None else None
+
+
+def checkpoint_config(model: str) -> dict[str, Any] | None:
+    """The language model's ``config.json`` of a local checkpoint (its ``text_config``
+    for multimodal ones), read without loading the model; None when there is none."""
+    import json
+
+    path = checkpoint_dir(model)
+    if path is None or not (path / "config.json").is_file():
+        return None
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    text = cfg.get("text_config")
+    return text if isinstance(text, dict) and "num_hidden_layers" in text else cfg
+
+
+def checkpoint_n_ctx(model: str) -> int | None:
+    """The context length (``max_position_embeddings``; ``n_positions``/``n_ctx`` for
+    GPT-2-style configs) of a local checkpoint, None when unknown."""
+    cfg = checkpoint_config(model) or {}
+    for key in ("max_position_embeddings", "n_positions", "n_ctx"):
+        if isinstance(cfg.get(key), int):
+            return int(cfg[key])
+    return None
+
+
+def checkpoint_d_head(model: str) -> int | None:
+    """Width of one head (``head_dim``, else ``hidden_size / num_attention_heads``) of a
+    local checkpoint, None when unknown."""
+    cfg = checkpoint_config(model) or {}
+    if isinstance(cfg.get("head_dim"), int):
+        return int(cfg["head_dim"])
+    d, h = cfg.get("hidden_size"), cfg.get("num_attention_heads")
+    return d // h if isinstance(d, int) and isinstance(h, int) and h else None
+
+
+def check_length(model: str, lengths: Sequence[int], max_new_tokens: int,
+                 option: str = "--length") -> None:
+    """Refuse prompt ``lengths`` that, with ``max_new_tokens`` new tokens, do not fit the
+    checkpoint's context (:func:`checkpoint_n_ctx`; nothing is checked when unknown),
+    before any work.
+
+    Raises:
+        LocosError: naming the option, the checkpoint, its context and the longest
+            prompt that fits.
+    """
+    from locos_tl.errors import LocosError
+
+    n_ctx = checkpoint_n_ctx(model)
+    if n_ctx is None or not lengths:
+        return
+    top = n_ctx - max_new_tokens + 1
+    if max(lengths) > top:
+        raise LocosError(
+            f"{option} {max(lengths)} does not fit {Path(model).name}: its context is "
+            f"{n_ctx} tokens (max_position_embeddings), which holds prompts of at most "
+            f"{top} tokens plus the {max_new_tokens} new tokens decoded")
+
+
+def model_key(model: str) -> str | None:
+    """The name a run directory records for ``--model`` (``settings.model``, from
+    :func:`locos_tl.models.model_name`) when it is known before loading: the resolved
+    path of a local directory; None otherwise (then only the load can tell)."""
+    path = Path(model).expanduser()
+    return str(path.resolve()) if path.is_dir() else None
+
+
+def early_tokenizer(model: str) -> Any | None:
+    """The checkpoint's own tokenizer, loaded alone (a second or two, against the
+    model's load), for checking trials before the model loads; None when it cannot be
+    had without the model (a hub name that is not cached, no tokenizer files): the
+    trials are then checked after the load."""
+    path = checkpoint_dir(model)
+    name = str(path) if path is not None else model
+    try:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(name, local_files_only=True)
+    except Exception:  # noqa: BLE001 - any failure: the model load reports it
+        return None
+
+
+def check_trial_records(path: Path) -> int:
+    """Check a trials file without a tokenizer: every line JSON, each record a token
+    record (``tokens``, ``needle_span``, ``answer``; spans checked) or a text record
+    (``prompt``, ``needle``, ``answer``) whose needle occurs in its prompt.
+
+    Returns:
+        The number of trials.
+
+    Raises:
+        TrialError: naming the file and line; or the file holds no trial.
+    """
+    import json
+
+    from locos_tl.errors import TrialError
+    from locos_tl.trials import Trial
+
+    n = 0
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            d = json.loads(line)
+        except ValueError as exc:
+            raise TrialError(f"{path}:{i}: not valid JSON ({exc})") from None
+        if not isinstance(d, dict):
+            raise TrialError(f"{path}:{i}: a trial record is a JSON object, got "
+                             f"{type(d).__name__}")
+        try:
+            if "tokens" in d:
+                Trial.from_dict(d)
+            else:
+                missing = [k for k in ("prompt", "needle", "answer") if k not in d]
+                if missing:
+                    raise TrialError(f"record lacks field(s) {missing} (a text record "
+                                     "has prompt, needle, answer; a token record tokens, "
+                                     "needle_span, answer)")
+                if str(d["needle"]) not in str(d["prompt"]):
+                    raise TrialError(f"needle {str(d['needle'])[:60]!r} not found in the "
+                                     "prompt text")
+        except TrialError as exc:
+            raise TrialError(f"{path}:{i}: {exc}") from None
+        n += 1
+    if not n:
+        raise TrialError(f"{path} holds no trial")
+    return n
+
+
+def read_trials_early(path: Path, model: str, *, n_ctx: int | None = None) -> list[Any] | None:
+    """The trials of ``path``, read and checked before the model loads.
+
+    With the checkpoint's tokenizer at hand (:func:`early_tokenizer`) they are loaded as
+    :func:`locos_tl.trials.load_trials` does after the load (same tokens and spans), and
+    checked against the context ``n_ctx`` (default: the checkpoint's); otherwise only
+    :func:`check_trial_records` runs and None is returned (load them after the model).
+
+    Raises:
+        TrialError: broken JSON, a missing field, a needle not in its prompt or not on
+            token boundaries, a prompt longer than the context (each naming the file
+            and line), or no trial in the file.
+    """
+    from locos_tl.errors import TrialError
+    from locos_tl.trials import load_trials
+
+    tok = early_tokenizer(model)
+    if tok is None:
+        check_trial_records(path)
+        return None
+    trials = load_trials(path, tok, n_ctx=n_ctx if n_ctx is not None else checkpoint_n_ctx(model))
+    if not trials:
+        raise TrialError(f"{path} holds no trial")
+    return trials
+
+
+def trials_after_load(path: Path, bridge: Any, early: list[Any] | None) -> list[Any]:
+    """``early`` (read before the load), else the trials of ``path`` read with the
+    loaded model's tokenizer and context.
+
+    Raises:
+        TrialError: as :func:`read_trials_early`.
+    """
+    if early is not None:
+        return early
+    from locos_tl.errors import TrialError
+    from locos_tl.trials import load_trials
+
+    trials = load_trials(path, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
+    if not trials:
+        raise TrialError(f"{path} holds no trial")
+    return trials
+
+
+def check_run_dir(out: Path, trials: Sequence[Any], settings: dict[str, Any],
+                  keys: Iterable[str]) -> dict[str, Any] | None:
+    """Refuse, before anything is loaded or written, a run directory ``out`` that holds
+    a run over other trials or with other ``settings`` (the rule of
+    :class:`locos_tl.records.RecordStore`, reading only). A setting given as None is
+    not known yet and not compared (the loaded run checks it again).
+
+    Returns:
+        The settings recorded in ``out`` (None: no run there yet).
+
+    Raises:
+        LocosError: the message names the settings that differ and the way out.
+    """
+    import json
+
+    from locos_tl.errors import LocosError
+    from locos_tl.records import META_FILE, RECORDS_FILE, RecordStore
+    from locos_tl.trials import trial_set_hash
+
+    if not ((out / META_FILE).exists() and (out / RECORDS_FILE).exists()):
+        return None
+    try:
+        old = json.loads((out / META_FILE).read_text()).get("settings", {})
+    except (ValueError, AttributeError):
+        raise LocosError(f"{out}/{META_FILE} is not valid JSON: use a new --out") from None
+    known = {k: v for k, v in settings.items() if v is not None}
+    new = dict(known, n_trials=len(trials), trial_set_hash=trial_set_hash(trials))
+    RecordStore(out, new, [k for k in keys if k in known])  # raises on a mismatch
+    return old
+
+
 def resume_command(ctx: ClickContext) -> str:
     """The command line that reruns the command of ``ctx`` (its click context) with the
     same options.
@@ -117,23 +371,15 @@ def resumable(out: Path, ctx: ClickContext) -> Iterator[None]:
 
 def note_resume(out: Path, n_done: int, n_total: int | None = None,
                 what: str = "trials") -> None:
-    """Say on stderr how many finished ``what`` a resumed run skips (nothing when none)."""
+    """Say on stderr how many finished ``what`` a resumed run skips (nothing when none).
+
+    Passed as ``on_resume=partial(note_resume, out)`` to the function that runs the work
+    (``score_trials``, ``evaluate``, ``patch_heads``), so the count is its own reuse rule,
+    said once the run directory is accepted."""
     if n_done:
         of = f" of {n_total}" if n_total is not None else ""
         typer.secho(f"resuming {out}: skipping {n_done}{of} finished {what}",
                     err=True, fg=typer.colors.CYAN)
-
-
-def finished_trials(out: Path, trials: Sequence[Any], methods: Sequence[str]) -> int:
-    """How many of ``trials`` ``locos score`` will reuse from the run directory ``out``
-    instead of running them (:func:`locos_tl.score.finished_record`'s rule)."""
-    if not (Path(out) / "trials.jsonl").exists():
-        return 0
-    from locos_tl.records import RecordStore
-    from locos_tl.score import finished_record
-
-    store = RecordStore(out, {}, ())  # read only: no settings check, nothing appended
-    return sum(finished_record(store, t, list(methods)) is not None for t in trials)
 
 
 def write_figure(fig: Any, path: Path, js_dir: Path | None = None) -> Path:

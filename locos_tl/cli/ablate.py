@@ -7,6 +7,7 @@ into its ``--out`` directory; ``ablate`` and ``patch`` resume an interrupted run
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, get_args
 
@@ -17,13 +18,19 @@ from locos_tl.cli._common import (
     ClickContext,
     check_choice,
     check_dtype,
+    check_out_dir,
+    check_out_file,
+    check_run_dir,
+    checkpoint_d_head,
     fail,
+    model_key,
     note_resume,
+    read_trials_early,
     resumable,
+    trials_after_load,
     write_figure,
 )
 from locos_tl.errors import LocosError
-from locos_tl.records import read_records
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -105,7 +112,10 @@ def checkpoint_dims(model: str) -> tuple[int, int] | None:
     ``text_config``) without loading the model; None for a hub name or no such keys."""
     path = Path(model) / "config.json"
     if not path.is_file():
-        return None
+        from locos_tl.zoo import REAL_MODELS  # a known real model: its registry geometry
+
+        entry = REAL_MODELS.get(model)
+        return (entry.n_layers, entry.n_heads) if entry is not None else None
     try:
         cfg = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -149,26 +159,61 @@ def check_head_sets(head_sets: dict[str, Any], k: list[int] | None,
 
 def check_resume(out: Path, trials: list[Any], settings: dict[str, Any]) -> dict[str, Any] | None:
     """The settings recorded in the run directory ``out`` (None: no run there yet),
-    after refusing a run over another trial set or with other ``settings``, before
-    anything is written (the rule of :class:`locos_tl.records.RecordStore`).
+    after refusing a run over another trial set or with other ``settings`` (every key
+    compared; None: not known yet), before anything is written
+    (:func:`locos_tl.cli._common.check_run_dir`).
 
     Raises:
         LocosError: ``out`` holds a run over another trial set or with other settings.
     """
-    from locos_tl.records import META_FILE, RECORDS_FILE, RecordStore
-    from locos_tl.trials import trial_set_hash
+    return check_run_dir(out, trials, settings, list(settings))
 
-    if not ((out / META_FILE).exists() and (out / RECORDS_FILE).exists()):
-        return None
-    old = json.loads((out / META_FILE).read_text()).get("settings", {})
-    new = dict(settings, n_trials=len(trials), trial_set_hash=trial_set_hash(trials))
-    RecordStore(out, new, list(settings))  # raises on a mismatch; reads only
-    return old
+
+def load_means(path: Path, model: str) -> Any:
+    """``--means``: the calibration means, checked against the checkpoint's
+    ``config.json`` (layers, heads, head width) before the model loads.
+
+    Raises:
+        LocosError: not a means file (names the option and the file), or means of
+            another shape than the model's.
+    """
+    from locos_tl.ablation import AblationMeans
+
+    try:
+        table = AblationMeans.load(path)
+    except LocosError as exc:
+        raise LocosError(f"--means {exc}") from None
+    dims, d_head = checkpoint_dims(model), checkpoint_d_head(model)
+    if dims is not None:
+        want = (*dims, d_head) if d_head is not None else dims
+        for name, t in (("q", table.q), ("z", table.z)):
+            if t.ndim != 3 or tuple(t.shape)[:len(want)] != want:
+                raise LocosError(
+                    f"--means {path}: {name} has shape {tuple(t.shape)} (layers, heads, "
+                    f"head width), the model {model} {want}: means of another model; "
+                    "calibrate this one with `locos calibrate`")
+    return table
+
+
+def check_means_hash(out: Path, old: dict[str, Any] | None, table: Any) -> None:
+    """Refuse calibration means other than those the run in ``out`` was made with.
+
+    Raises:
+        LocosError: naming both hashes and the way out.
+    """
+    from locos_tl.evaluate import means_hash
+
+    if table is not None and old is not None \
+            and old.get("means_hash") not in (None, means_hash(table)):
+        raise LocosError(f"{out} holds a run made with other calibration means "
+                         f"(means hash {old['means_hash']}, not {means_hash(table)}); "
+                         "use a new --out directory, or the run's means.safetensors")
 
 
 @app.command(short_help="Mean query and output of every head, for mean ablation.")
 def calibrate(
-    model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
+    model: Annotated[str, typer.Option(help="Hub name, local HF model directory, .gguf "
+                                            "file or a model from `locos models list`.")],
     prompts: Annotated[Path, typer.Option(help="Raw text: JSON lines with 'text', or one "
                                                "prompt per line.", exists=True,
                                           dir_okay=False)],
@@ -183,6 +228,7 @@ def calibrate(
     from locos_tl.models import load_model
 
     check_dtype(dtype)
+    check_out_file(out)
     try:
         texts = read_prompts(prompts)[:n]  # before the model loads
         bridge = load_model(model, device=device, dtype=dtype)
@@ -196,7 +242,8 @@ def calibrate(
 @app.command(short_help="Ablate each ranking's top-k heads; score the answers.")
 def ablate(
     ctx: ClickContext,
-    model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
+    model: Annotated[str, typer.Option(help="Hub name, local HF model directory, .gguf "
+                                            "file or a model from `locos models list`.")],
     heads: Annotated[list[str], typer.Option(help="Head-score directory (`locos score` "
                                                   "output or a heads.json dir); NAME=DIR "
                                                   "to name it, or NAME=L14H3,20-1 for a "
@@ -254,7 +301,6 @@ def ablate(
     from locos_tl.plot import ablation_curves
     from locos_tl.stops import STOP_RULES
     from locos_tl.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
-    from locos_tl.trials import load_trials
 
     # every option and input file is checked before the model loads
     check_choice(mode, ABLATION_MODES, "--mode")
@@ -263,6 +309,7 @@ def ablate(
     check_choice(control_metric, list(CONTROL_METRICS), "--control-metric")
     r_metric = retrieval_metric or RETRIEVAL_METRICS.get(scorer, "rougeL")
     check_dtype(dtype)
+    check_out_dir(out)
     k_values = None if k is None else parse_ints(k, "--k")
     seed_values = parse_ints(seeds, "--seeds")
     try:
@@ -277,30 +324,38 @@ def ablate(
                                                     if hasattr(v, "scores"))], "--bottom")
         mean_table = None
         if mode.endswith("_mean") and means is not None:
-            mean_table = AblationMeans.load(means)
+            mean_table = load_means(means, model)
         calib_texts = read_prompts(calibration)[:50] if calibration is not None else None
+        if control is not None:
+            check_out_dir(out / "control", "--out (its control/ folder)")
+        early = read_trials_early(trials, model)
+        early_control = None if control is None else read_trials_early(control, model)
+        run_settings: dict[str, Any] = {
+            "model": model_key(model), "mode": mode, "max_new_tokens": max_new_tokens,
+            "stop_at_newline": stop_at_newline, "stop_rule": stop_rule, "thinking": thinking}
+
+        def check_run(trial_list: list[Any], control_list: list[Any] | None) -> Any:
+            """Refuse a run directory over other trials or settings before anything in
+            it is touched (means.safetensors included); returns its old settings."""
+            nonlocal control_max_new_tokens
+            if control_list is not None and control_max_new_tokens is None:
+                echo = all((t.meta or {}).get("control") == "echo" for t in control_list)
+                control_max_new_tokens = 1 if echo else max_new_tokens
+            old = check_resume(out, trial_list, run_settings)
+            if control_list is not None:
+                check_resume(out / "control", control_list,
+                             dict(run_settings, max_new_tokens=control_max_new_tokens))
+            check_means_hash(out, old, mean_table)
+            return old
+
+        if early is not None and (control is None or early_control is not None):
+            check_run(early, early_control)  # before the load
         bridge = load_model(model, device=device, dtype=dtype)
-        trial_list = load_trials(trials, bridge.tokenizer,
-                                 n_ctx=getattr(bridge.cfg, "n_ctx", None))
-        control_list = None if control is None else load_trials(
-            control, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
-        if control_list is not None and control_max_new_tokens is None:
-            echo = all((t.meta or {}).get("control") == "echo" for t in control_list)
-            control_max_new_tokens = 1 if echo else max_new_tokens
-        # a run directory over other trials or settings is refused before anything in it
-        # is touched (means.safetensors included)
-        run_settings = {"model": model_name(bridge), "mode": mode,
-                        "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
-                        "stop_rule": stop_rule, "thinking": thinking}
-        old = check_resume(out, trial_list, run_settings)
-        if control_list is not None:
-            check_resume(out / "control", control_list,
-                         dict(run_settings, max_new_tokens=control_max_new_tokens))
-        if mean_table is not None and old is not None \
-                and old.get("means_hash") not in (None, means_hash(mean_table)):
-            raise LocosError(f"{out} holds a run made with other calibration means "
-                             f"(means hash {old['means_hash']}, not {means_hash(mean_table)}); "
-                             "use a new --out directory, or the run's means.safetensors")
+        trial_list = trials_after_load(trials, bridge, early)
+        control_list = None if control is None else trials_after_load(control, bridge,
+                                                                      early_control)
+        run_settings["model"] = model_name(bridge)
+        old = check_run(trial_list, control_list)
         with resumable(out, ctx):
             if mode.endswith("_mean") and mean_table is None:
                 stored = out / "means.safetensors"
@@ -326,14 +381,14 @@ def ablate(
                             "a new --out directory")
                     out.mkdir(parents=True, exist_ok=True)
                     mean_table.save(stored)
-            note_resume(out, len(read_records(out)), what="generations")
             df = evaluate(bridge, trial_list, head_sets, k=k_values, mode=mode,
                           means=mean_table, seeds=seed_values, random=random,
                           bottom=None if bottom == "none" else bottom, scorer=scorer,
                           out_dir=out, max_new_tokens=max_new_tokens,
                           stop_at_newline=stop_at_newline, stop_rule=stop_rule,
                           thinking=thinking, workers=workers,
-                          ray_address=ray_address)
+                          ray_address=ray_address,  # its own reuse count:
+                          on_resume=lambda n, _: note_resume(out, n, what="generations"))
             ds = None
             if control_list is not None:
                 df_control = evaluate(
@@ -410,7 +465,8 @@ def write_dissociation(out: Path, df: Any, df_control: Any, *, control: Path,
 @app.command(short_help="Causal retrieval importance (CRI) by activation patching.")
 def patch(
     ctx: ClickContext,
-    model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
+    model: Annotated[str, typer.Option(help="Hub name, local HF model directory, .gguf "
+                                            "file or a model from `locos models list`.")],
     trials: Annotated[Path, typer.Option(help="Trials file (JSON lines).", exists=True,
                                          dir_okay=False)],
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
@@ -428,33 +484,42 @@ def patch(
 ) -> None:
     """Causal retrieval importance (CRI) of every head by activation patching."""
     from locos_tl.compare import compare_rankings
-    from locos_tl.models import load_model
-    from locos_tl.patching import CORRUPTIONS, AnswerPosition, patch_heads
+    from locos_tl.models import load_model, model_name
+    from locos_tl.patching import CORRUPTIONS, RESUME_KEYS, AnswerPosition, patch_heads
     from locos_tl.plot import rank_scatter
     from locos_tl.rundir import load_head_scores
     from locos_tl.score import score_trials
-    from locos_tl.trials import load_trials
 
     # every option and input file is checked before the model loads
     check_choice(corruption, CORRUPTIONS, "--corruption")
     check_choice(answer_position, get_args(AnswerPosition), "--answer-position")
     check_dtype(dtype)
+    check_out_dir(out)
     try:
         ref = load_head_scores(locos) if locos is not None else None  # fail before patching
+
+        def check_shape(shape: tuple[int, int] | None) -> None:
+            if ref is not None and shape is not None and (ref.n_layers, ref.n_heads) != shape:
+                raise ValueError(f"--locos {locos} holds scores for {ref.n_layers} layers x "
+                                 f"{ref.n_heads} heads; the model has {shape[0]} x {shape[1]}")
+
+        check_shape(checkpoint_dims(model))
+        early = read_trials_early(trials, model)
+        settings: dict[str, Any] = {"model": model_key(model), "corruption": corruption,
+                                    "answer_position": answer_position,
+                                    "max_new_tokens": max_new_tokens}
+        if early is not None:
+            check_run_dir(out, early, settings, RESUME_KEYS)  # before the load
         bridge = load_model(model, device=device, dtype=dtype)
-        shape = (int(bridge.cfg.n_layers), int(bridge.cfg.n_heads))
-        if ref is not None and (ref.n_layers, ref.n_heads) != shape:
-            raise ValueError(f"--locos {locos} holds scores for {ref.n_layers} layers x "
-                             f"{ref.n_heads} heads; the model has {shape[0]} x {shape[1]}")
-        trial_list = load_trials(trials, bridge.tokenizer,
-                                 n_ctx=getattr(bridge.cfg, "n_ctx", None))
-        ids = {t.trial_id for t in trial_list}
-        note_resume(out, len(ids & set(read_records(out))), len(trial_list))
+        check_shape((int(bridge.cfg.n_layers), int(bridge.cfg.n_heads)))
+        trial_list = trials_after_load(trials, bridge, early)
+        check_run_dir(out, trial_list, dict(settings, model=model_name(bridge)), RESUME_KEYS)
         with resumable(out, ctx):
             cri = patch_heads(bridge, trial_list, corruption=corruption,  # type: ignore[arg-type]
                               batch_size=batch_size, chunk_size=chunk_size,
                               answer_position=answer_position,  # type: ignore[arg-type]
-                              max_new_tokens=max_new_tokens, out_dir=out)
+                              max_new_tokens=max_new_tokens, out_dir=out,
+                              on_resume=partial(note_resume, out))  # its own reuse count
             cri.check_rankable()  # no usable trial: say so instead of ranking NaNs
             if ref is None:
                 ref = score_trials(bridge, trial_list, method="locos", out_dir=out / "locos",

@@ -27,8 +27,10 @@ from locos_tl.cli._common import (
     ClickContext,
     check_choice,
     check_dtype,
+    check_out_dir,
     fail,
     note_resume,
+    read_trials_early,
     resumable,
     write_figure,
 )
@@ -43,28 +45,18 @@ CONTROLS = ("uniform", "random")
 
 
 def parse_fractions(text: str) -> list[float]:
-    """``"0.02,0.1,1"`` -> ``[0.02, 0.1, 1.0]``, each in ``(0, 1]``, without repeats.
+    """``"0.02,0.1,1"`` -> ``[0.02, 0.1, 1.0]``, each in ``(0, 1]``, without repeats
+    (:func:`locos_tl.compress.fractions.check_fractions`, as the API checks them).
 
     Raises:
         typer.BadParameter: a part is no number or lies outside ``(0, 1]``, or none given.
     """
-    out: list[float] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        try:
-            f = float(part)
-        except ValueError:
-            raise typer.BadParameter(f"{part!r} is not a number (give retained fractions "
-                                     "such as 0.02,0.1,1)", param_hint="'--fractions'") from None
-        if not 0.0 < f <= 1.0:
-            raise typer.BadParameter(f"{part} is outside (0, 1]: a fraction of the KV cache "
-                                     "(0.1 = keep 10 %)", param_hint="'--fractions'")
-        if f not in out:
-            out.append(f)
-    if not out:
-        raise typer.BadParameter("no fraction given", param_hint="'--fractions'")
-    return out
+    from locos_tl.compress.fractions import check_fractions
+
+    try:
+        return check_fractions(p.strip() for p in text.split(",") if p.strip())
+    except LocosError as exc:
+        raise typer.BadParameter(str(exc), param_hint="'--fractions'") from None
 
 
 def parse_controls(text: str) -> list[str]:
@@ -176,9 +168,19 @@ def ranking_hash(hs: Any) -> str:
     return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
 
 
-def check_compress_resume(out: Path, settings: dict[str, Any]) -> None:
-    """Refuse a run directory that holds a run with other settings (model, trials,
-    rankings, fractions, unit, ...), before anything is written.
+def check_compress_resume(out: Path, settings: dict[str, Any], *,
+                          partial: bool = False) -> None:
+    """Refuse a run directory that holds a run with other settings (model, dtype,
+    trials, rankings, fractions, unit, ...), before anything is written.
+
+    Args:
+        out: the run directory.
+        settings: the run's settings, as ``meta.json`` records them.
+        partial: compare only the keys of ``settings`` (the check before the model
+            loads, with the settings the options alone give).
+
+    A run recorded before ``dtype`` was a setting is compared on the dtype its
+    provenance records (``meta.json["model"]["dtype"]``).
 
     Raises:
         LocosError: naming the settings that differ.
@@ -190,10 +192,14 @@ def check_compress_resume(out: Path, settings: dict[str, Any]) -> None:
     if not meta_path.exists():
         return
     try:
-        old = json.loads(meta_path.read_text()).get("settings", {})
-    except ValueError:
+        meta = json.loads(meta_path.read_text())
+        old = dict(meta.get("settings", {}))
+    except (ValueError, AttributeError):
         raise LocosError(f"{meta_path} is not valid JSON; use a new --out") from None
-    diff = sorted(k for k in set(old) | set(settings) if old.get(k) != settings.get(k))
+    if "dtype" not in old and isinstance(meta.get("model"), dict):
+        old["dtype"] = meta["model"].get("dtype")  # recorded before dtype was a setting
+    keys = set(settings) if partial else set(old) | set(settings)
+    diff = sorted(k for k in keys if old.get(k) != settings.get(k))
     if diff:
         raise LocosError(f"{out} holds a compression run with other settings "
                          f"({', '.join(diff)}); use a new --out directory")
@@ -228,7 +234,8 @@ def summary_table(df: Any) -> Any:
 @app.command(short_help="Accuracy when the KV cache is compressed by head rankings.")
 def compress(
     ctx: ClickContext,
-    model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
+    model: Annotated[str, typer.Option(help="Hub name, local HF model directory, .gguf "
+                                            "file or a model from `locos models list`.")],
     heads: Annotated[list[str], typer.Option(
         help="Head scores: a `locos score` run directory (one ranking per method it "
              "holds), a method folder, a heads.json file or its dir; NAME=DIR to name it. "
@@ -267,7 +274,6 @@ def compress(
     """Sweep the retained fraction of the KV cache under each head ranking and score the
     greedy answers (docs/compression.md)."""
     from locos_tl.cli.ablate import checkpoint_dims
-    from locos_tl.compress import compression_sweep
     from locos_tl.compress.budgets import ALLOCATIONS, UNITS
 
     # every option and input file is checked before the model loads
@@ -277,6 +283,10 @@ def compress(
     fraction_list = parse_fractions(fractions)
     controls = parse_controls(include)
     check_dtype(dtype)
+    check_out_dir(out)
+    from locos_tl.models import resolve_dtype
+
+    dtype_name = str(resolve_dtype(dtype)).replace("torch.", "")  # as the model reports it
     if query_start == 0:
         raise typer.BadParameter("0 leaves no context to compress: give the first question "
                                  "position (>= 1), or a negative offset from the end",
@@ -289,25 +299,41 @@ def compress(
                 raise LocosError(f"ranking {name!r} scores {hs.n_layers} layers x "
                                  f"{hs.n_heads} heads; the model has {dims[0]} x {dims[1]}")
         check_query_starts(trials, query_start)
-        import pandas as pd
+        options = {
+            "dtype": dtype_name, "unit": unit, "fractions": fraction_list,
+            "include": controls, "seed": seed, "allocation": allocation, "sinks": sinks,
+            "min_recent": min_recent, "group_reduce": group_reduce,
+            "max_new_tokens": max_new_tokens, "query_start": query_start,
+            "rankings": {name: ranking_hash(hs) for name, hs in rankings.items()},
+        }
+        check_compress_resume(out, options, partial=True)  # before the model loads
+        # the trials files' contents and the run's trial set, before the model loads too
+        early = [read_trials_early(p, model) for p in trials]
+        if all(e is not None for e in early):
+            from locos_tl.trials import trial_set_hash as set_hash
 
+            every = [t for e in early for t in e]
+            check_compress_resume(out, {"n_trials": len(every),
+                                        "trial_set_hash": set_hash(every)}, partial=True)
+        import pandas as pd
+        from tqdm.auto import tqdm
+
+        from locos_tl.compress import compression_sweep
+        from locos_tl.compress.cache import compression_twin
         from locos_tl.models import load_model, model_name
         from locos_tl.provenance import provenance
+        from locos_tl.runner import model_dtype
         from locos_tl.trials import load_trials, trial_set_hash
 
         bridge = load_model(model, device=device, dtype=dtype)
+        compression_twin(bridge)  # a model it cannot run (learned sinks) is refused here
         n_ctx = getattr(bridge.cfg, "n_ctx", None)
         trial_list = with_query_start(
             [t for p in trials for t in load_trials(p, bridge.tokenizer, n_ctx=n_ctx)],
             query_start)
         settings = {
-            "model": model_name(bridge), "unit": unit, "fractions": fraction_list,
-            "include": controls, "seed": seed, "allocation": allocation, "sinks": sinks,
-            "min_recent": min_recent, "group_reduce": group_reduce,
-            "max_new_tokens": max_new_tokens,
-            "query_start": query_start, "n_trials": len(trial_list),
-            "trial_set_hash": trial_set_hash(trial_list),
-            "rankings": {name: ranking_hash(hs) for name, hs in rankings.items()},
+            "model": model_name(bridge), **options, "dtype": model_dtype(bridge),
+            "n_trials": len(trial_list), "trial_set_hash": trial_set_hash(trial_list),
         }
         check_compress_resume(out, settings)
         out.mkdir(parents=True, exist_ok=True)
@@ -323,7 +349,8 @@ def compress(
         csv = out / CSV_FILE
         with resumable(out, ctx), warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", UserWarning)
-            for n, (i, t) in enumerate(todo, 1):  # one trial at a time: rows saved as done
+            # one trial at a time: its rows are saved as soon as it is done
+            for i, t in tqdm(todo, desc="compressing", unit="trial", disable=not todo):
                 rows = compression_sweep(
                     bridge, [t], specs, tuple(fraction_list), unit=unit,
                     include=tuple(controls), seed=seed, allocation=allocation, sinks=sinks,
@@ -332,9 +359,6 @@ def compress(
                 rows["trial_index"] = i  # the index in the whole trial list
                 header = not csv.exists() or csv.stat().st_size == 0
                 rows.to_csv(csv, mode="a", header=header, index=False)
-                typer.echo(f"\r{n}/{len(todo)} trials", nl=False, err=True)
-        if todo:
-            typer.echo("", err=True)
         df = pd.read_csv(csv, dtype={"trial": str})
         df = df[df["trial"].isin({t.trial_id for t in trial_list})]
         floor = [w for w in caught if "below the floor" in str(w.message)]

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 
 ROLES = {"nonliteral_writer": "non-literal writer", "literal_copy": "literal copy",
          "prev_token": "previous-token mover"}
+#: Greedy decoding budget of the demo (the organisms' answers are one or two tokens).
+MAX_NEW_TOKENS = 8
 
 
 def _roles(model_dir: Path) -> dict[tuple[int, int], str]:
@@ -48,7 +50,8 @@ def ranking_table(results: dict[str, Any], roles: dict[tuple[int, int], str],
     cols: dict[str, list[Any]] = {"rank": list(range(1, k + 1))}
     for method, hs in results.items():
         try:
-            top = [] if hs.all_zero else hs.top_k(k)  # all 0: no ranking
+            # all 0: no ranking; a model with fewer than k heads lists them all
+            top = [] if hs.all_zero else hs.top_k(min(k, hs.n_layers * hs.n_heads))
         except LocosError:  # no accepted trial: nothing to rank
             top = []
         head, score, role = [], [], []
@@ -86,12 +89,12 @@ def files_summary(out: Path, runs: list[str]) -> str:
 
 
 def resolve_organism(model: str | None) -> Path:
-    """``None`` -> the long-context organism; a shipped organism's name -> its directory;
-    anything else is taken as a directory."""
-    from locos_tl.organisms import LONG_ORGANISM, ORGANISMS
+    """``None`` -> the default organism (``retrieval-long``); a shipped organism's name ->
+    its directory; anything else is taken as a directory."""
+    from locos_tl.organisms import DEFAULT_ORGANISM, ORGANISMS
 
     if model is None:
-        return Path(LONG_ORGANISM)
+        return Path(DEFAULT_ORGANISM)
     return Path(ORGANISMS.get(model, model))
 
 
@@ -124,6 +127,9 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
              progress: bool = True) -> dict[str, dict[str, Any]]:
     """Score the organism's literal and non-literal tasks; returns ``{run: {method: HeadScores}}``.
 
+    The organism, the prompt lengths, the trials and the run directories are checked
+    before the model loads.
+
     Args:
         out: output directory.
         model_dir: organism directory or shipped name (default: ``retrieval-long``).
@@ -133,50 +139,67 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
 
     Raises:
         ModelLoadError: the organism directory is missing.
+        LocosError: a length that does not fit the organism's context; a run directory
+            under ``out`` holding a run with other settings or trials.
     """
+    from locos_tl.cli._common import check_length, check_out_dir, check_run_dir, model_key
+    from locos_tl.errors import ModelLoadError
+
+    model_path = resolve_organism(model_dir)
+    if not (model_path / "config.json").is_file():
+        raise ModelLoadError(f"no organism at {model_path} (no config.json); shipped: "
+                             "retrieval-long, retrieval-2l, retrieval-2l-compiled")
+    check_length(str(model_path), lengths, MAX_NEW_TOKENS)  # before any import of torch
+    check_out_dir(out)
+
     import pandas as pd
 
+    from locos_tl.answers import GATE_THRESHOLD
     from locos_tl.cli.score import write_outputs
     from locos_tl.models import load_model
     from locos_tl.organisms import default_book_dir, make_trials
+    from locos_tl.runner import RESUME_KEYS
     from locos_tl.score import score_trials
-
-    model_path = resolve_organism(model_dir)
     warn = valid_length_warning(model_path, lengths)
     if warn:
         typer.secho(warn, err=True, fg=typer.colors.YELLOW)
-    model = load_model(model_path, device="cpu")
-    typer.echo(f"organism {model_path.name}, prompts of {', '.join(map(str, lengths))} tokens, "
-               f"{n_trials} trials per task and filler")
-    roles = _roles(model_path)
     fillers: dict[str, Any] = {"synthetic": None}
     book_dir = book or default_book_dir()
     if book_dir.exists():
         fillers["book"] = book_dir
     else:
         typer.echo(f"(no book text at {book_dir}: synthetic filler only; pass --book FILE)")
+    runs = {f"{task}_{filler}": make_trials(task, n_trials, list(lengths), book=src)
+            for filler, src in fillers.items() for task in ("nonliteral", "literal")}
+    settings = {"model": model_key(str(model_path)), "dtype": "float32", "variant": "raw",
+                "max_new_tokens": MAX_NEW_TOKENS, "gate_threshold": GATE_THRESHOLD,
+                "stop_rule": "newline_token", "thinking": True}
+    for name, trials in runs.items():  # an earlier demo with other settings: refused now
+        check_run_dir(out / name, trials, settings, RESUME_KEYS)
+    model = load_model(model_path, device="cpu")
+    typer.echo(f"organism {model_path.name}, prompts of {', '.join(map(str, lengths))} tokens, "
+               f"{n_trials} trials per task and filler")
+    roles = _roles(model_path)
     out.mkdir(parents=True, exist_ok=True)
     summary: dict[str, dict[str, Any]] = {}
     rows = []
-    for filler, src in fillers.items():
-        for task in ("nonliteral", "literal"):
-            name = f"{task}_{filler}"
-            trials = make_trials(task, n_trials, list(lengths), book=src)
-            res = score_trials(model, trials, methods=["locos", "wu"], max_new_tokens=8,
-                               out_dir=out / name, progress=progress)
-            write_outputs(res, out / name, js_dir=out)  # one plotly.min.js for all runs
-            summary[name] = res
-            meta = res["locos"].meta
-            acc = meta["n_accepted"] / max(meta["n_trials"], 1)
-            typer.echo(f"\n== {name}: {meta['n_accepted']}/{meta['n_trials']} trials answered "
-                       f"correctly (accuracy {acc:.2f}); top heads by LOCOS vs Wu copy score")
-            table = ranking_table(res, roles)
-            typer.echo(table.to_string(index=False, na_rep=""))
-            for method, hs in res.items():
-                if hs.all_zero:
-                    typer.echo(f"{method}: no head scored (every score is 0 over "
-                               f"{hs.n_trials} accepted trials)")
-            rows.append(table.assign(run=name))
+    for name, trials in runs.items():
+        res = score_trials(model, trials, methods=["locos", "wu"],
+                           max_new_tokens=MAX_NEW_TOKENS, out_dir=out / name,
+                           progress=progress)
+        write_outputs(res, out / name, js_dir=out)  # one plotly.min.js for all runs
+        summary[name] = res
+        meta = res["locos"].meta
+        acc = meta["n_accepted"] / max(meta["n_trials"], 1)
+        typer.echo(f"\n== {name}: {meta['n_accepted']}/{meta['n_trials']} trials answered "
+                   f"correctly (accuracy {acc:.2f}); top heads by LOCOS vs Wu copy score")
+        table = ranking_table(res, roles)
+        typer.echo(table.to_string(index=False, na_rep=""))
+        for method, hs in res.items():
+            if hs.all_zero:
+                typer.echo(f"{method}: no head scored (every score is 0 over "
+                           f"{hs.n_trials} accepted trials)")
+        rows.append(table.assign(run=name))
     pd.concat(rows).to_csv(out / "rankings.csv", index=False)
     return summary
 
@@ -187,9 +210,10 @@ def demo(
     model: Annotated[str | None, typer.Option(help="Organism directory or shipped name "
                                                    "(retrieval-long, retrieval-2l; default: "
                                                    "retrieval-long).")] = None,
-    length: Annotated[int, typer.Option(help="Prompt length in tokens (retrieval-long: "
-                                             "512-4096; retrieval-2l: up to 128).",
-                                        min=16)] = 1024,
+    length: Annotated[int, typer.Option(help="Prompt length in tokens (valid range: "
+                                             "retrieval-long 512-2048, retrieval-2l up to "
+                                             "128; at most the organism's context - 7: "
+                                             "4089, 1017).", min=16)] = 1024,
     n_trials: Annotated[int, typer.Option(help="Trials per task and filler.", min=1)] = 40,
     book: Annotated[Path | None, typer.Option(help="Book text file or directory used as "
                                                    "real filler (default: "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -13,10 +14,14 @@ from locos_tl.cli._common import (
     check_choice,
     check_dtype,
     check_methods,
+    check_out_dir,
+    check_run_dir,
     fail,
-    finished_trials,
+    model_key,
     note_resume,
+    read_trials_early,
     resumable,
+    trials_after_load,
     write_figure,
 )
 from locos_tl.errors import LocosError
@@ -85,19 +90,60 @@ def _tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
     from locos_tl.errors import ModelLoadError
+    from locos_tl.zoo import resolve_checkpoint
 
+    model = str(resolve_checkpoint(model) or model)  # a known real model or a .gguf file
     try:
         return AutoTokenizer.from_pretrained(model)
     except (OSError, ValueError) as exc:
         raise ModelLoadError(f"could not load the tokenizer of {model!r}: {exc}") from exc
 
 
+def kept_methods(out: Path, methods: list[str]) -> list[str]:
+    """``methods`` plus the methods the run directory ``out`` already holds (nothing
+    is deleted: a rerun with fewer ``--method`` names keeps the others' scores, from the
+    same records, and says so)."""
+    from locos_tl.records import RECORDS_FILE
+    from locos_tl.rundir import run_methods
+
+    if not (out / RECORDS_FILE).exists():
+        return methods
+    extra = [m for m in run_methods(out) or [] if m not in methods]
+    if extra:
+        typer.secho(f"{out} also holds {', '.join(extra)} scores (an earlier --method): "
+                    "kept, from the same trial records; use a new --out for a run of "
+                    f"{', '.join(methods)} alone", err=True, fg=typer.colors.CYAN)
+    return methods + extra
+
+
+def check_accepted(result: HeadScores | dict[str, HeadScores], out: Path) -> None:
+    """Refuse a run in which no method accepted a trial: there is nothing to rank.
+
+    Raises:
+        LocosError: with the acceptance counts and where the responses are.
+    """
+    results = result if isinstance(result, dict) else {result.method: result}
+    if any(hs.n_trials for hs in results.values()):
+        return
+    m = next(iter(results.values())).meta
+    counts = ", ".join(f"{m.get(f'n_dropped_{k}', 0)} {what}" for k, what in (
+        ("gate", "failed the ROUGE-1 gate"), ("no_answer_step", "had no answer step"),
+        ("non_finite", "had NaN/inf numbers")))
+    raise LocosError(
+        f"no trial was accepted: 0 of {m.get('n_trials', '?')} ({counts}), so there is no "
+        f"score to rank. The model's responses are in {out}/trials.jsonl: use trials the "
+        "model answers, or a larger --max-new-tokens")
+
+
 def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], variant: str,
                max_new_tokens: int, device: str | None, dtype: str, workers: int,
                ray_address: str | None, placement: str | dict[str, Any] | None,
                gpus_per_worker: float | None, stop_rule: str = "newline_token",
-               thinking: bool = True, batch_size: int = 1) -> Any:
-    """Load the model (or start Ray), the trials, and score; says what a resume skips."""
+               thinking: bool = True, batch_size: int = 1,
+               early: list[Any] | None = None) -> Any:
+    """Load the model (or start Ray), the trials (``early``: read before the load), and
+    score; says what a resume skips."""
+    from locos_tl.errors import TrialError
     from locos_tl.models import load_model
     from locos_tl.score import score_trials
     from locos_tl.trials import load_trials
@@ -113,25 +159,27 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
         if placement is not None:
             load_kwargs["device_map"] = placement
         extra = {} if gpus_per_worker is None else {"num_gpus_per_worker": gpus_per_worker}
-        trial_list = load_trials(trials, _tokenizer(model))
-        note_resume(out, finished_trials(out, trial_list, methods), len(trial_list))
+        trial_list = early if early is not None else load_trials(trials, _tokenizer(model))
+        if not trial_list:
+            raise TrialError(f"{trials} holds no trial")
         return score_trials(model, trial_list, methods=methods, variant=variant,
                             max_new_tokens=max_new_tokens, out_dir=out, workers=workers,
                             ray_address=ray_address, load_kwargs=load_kwargs,
                             stop_rule=stop_rule, thinking=thinking, batch_size=batch_size,
-                            **extra)
+                            on_resume=partial(note_resume, out), **extra)
     bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
-    trial_list = load_trials(trials, bridge.tokenizer, n_ctx=getattr(bridge.cfg, "n_ctx", None))
-    note_resume(out, finished_trials(out, trial_list, methods), len(trial_list))
+    trial_list = trials_after_load(trials, bridge, early)
     return score_trials(bridge, trial_list, methods=methods, variant=variant,
                         max_new_tokens=max_new_tokens, out_dir=out, stop_rule=stop_rule,
-                        thinking=thinking, batch_size=batch_size)
+                        thinking=thinking, batch_size=batch_size,
+                        on_resume=partial(note_resume, out))  # the run's own reuse count
 
 
 @app.command(short_help="Score every attention head: LOCOS and the baselines.")
 def score(
     ctx: ClickContext,
-    model: Annotated[str, typer.Option(help="Hub name or local HF model directory.")],
+    model: Annotated[str, typer.Option(help="Hub name, local HF model directory, .gguf "
+                                            "file or a model from `locos models list`.")],
     trials: Annotated[Path, typer.Option(help="JSON lines: prompt, needle, answer (or "
                                               "records written by `locos build-trials`).",
                                          exists=True, dir_okay=False)],
@@ -167,27 +215,51 @@ def score(
                                                                "over 2 GPUs).")] = None,
 ) -> None:
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
+    import warnings
+
+    from locos_tl.answers import GATE_THRESHOLD
+    from locos_tl.models import resolve_dtype
+    from locos_tl.runner import RESUME_KEYS
     from locos_tl.stops import STOP_RULES
     from locos_tl.unembed import VARIANTS
 
-    # every option is checked before the model (or Ray) is loaded
+    # every option, the trials file and the run directory are checked before the model
+    # (or Ray) is loaded
     check_choice(variant, VARIANTS, "--variant")
     check_choice(stop_rule, STOP_RULES, "--stop-rule")
-    methods = check_methods(method)
+    requested = check_methods(method)
     check_dtype(dtype)
+    check_out_dir(out)
     try:
         placement = _parse_device_map(device_map)
-        with resumable(out, ctx):
+        early = read_trials_early(trials, model)
+        distributed = workers > 1 or ray_address is not None
+        if early is not None:
+            check_run_dir(out, early, {
+                "model": None if distributed else model_key(model),
+                "dtype": str(resolve_dtype(dtype)).replace("torch.", ""),
+                "variant": variant, "max_new_tokens": max_new_tokens,
+                "gate_threshold": GATE_THRESHOLD, "stop_rule": stop_rule,
+                "thinking": thinking}, RESUME_KEYS)
+        methods = kept_methods(out, requested)
+        with resumable(out, ctx), warnings.catch_warnings():
+            # one message below instead of a warning per method and file
+            warnings.filterwarnings("ignore", message=".*no accepted trial",
+                                    category=RuntimeWarning)
+            warnings.filterwarnings("ignore", message=".*no trial was accepted",
+                                    category=RuntimeWarning)
             result = _run_score(model, trials, out, methods=methods, variant=variant,
                                 max_new_tokens=max_new_tokens, device=device, dtype=dtype,
                                 workers=workers, ray_address=ray_address,
                                 placement=placement, gpus_per_worker=gpus_per_worker,
                                 stop_rule=stop_rule, thinking=thinking,
-                                batch_size=batch_size)
+                                batch_size=batch_size, early=early)
+            check_accepted(result, out)
+            write_outputs(result, out)
     except (LocosError, ValueError) as exc:
         fail(exc)
-    write_outputs(result, out)
-    print_top(result, top)
+    shown = result if not isinstance(result, dict) else {m: result[m] for m in requested}
+    print_top(shown, top)
     methods_written = list(result) if isinstance(result, dict) else [result.method]
     typer.echo(f"\nwrote {out}/ (trials.jsonl, meta.json, scores.csv of "
                f"{'all methods' if len(methods_written) > 1 else 'the method'}; per method "

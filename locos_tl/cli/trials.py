@@ -13,7 +13,7 @@ from typing import Annotated, Any
 import typer
 
 from locos_tl.cli import HelpGroup, app
-from locos_tl.cli._common import fail
+from locos_tl.cli._common import check_out_file, fail
 from locos_tl.errors import LocosError
 
 build_app = typer.Typer(
@@ -31,7 +31,8 @@ HaystackOpt = Annotated[
                  exists=True),
 ]
 TokenizerOpt = Annotated[
-    str, typer.Option(help="Local folder with tokenizer files, or a hub model name.")
+    str, typer.Option(help="Local folder with tokenizer files, a hub model name, a .gguf "
+                           "file or a model from `locos models list`.")
 ]
 LengthsOpt = Annotated[
     str, typer.Option(help="Prompt lengths in tokens: '1000,2000' or 'linspace:1000:16000:5'.")
@@ -48,7 +49,8 @@ ChatOpt = Annotated[
                        help="Render with the tokenizer's chat template (thinking disabled).")
 ]
 SeedOpt = Annotated[int, typer.Option(help="Sampling seed.")]
-OutOpt = Annotated[Path, typer.Option(help="Output trials file (JSON lines).")]
+OutOpt = Annotated[Path, typer.Option(help="Output trials file (JSON lines).",
+                                      callback=lambda out: check_out_file(out))]
 
 
 @build_app.command("nolima")
@@ -109,7 +111,9 @@ def niah(
     chat_template: ChatOpt = False,
     seed: SeedOpt = 0,
 ) -> None:
-    """Literal NIAH trials (Wu et al. 2025, arXiv 2404.15574); span = real_needle."""
+    """Literal NIAH trials (Wu et al. 2025, arXiv 2404.15574): needle span = the whole
+    needle (read by LOCOS, attention-spatial, DLA), answer span = its real_needle part
+    (read by the Wu copy score and HeadKV)."""
     from locos_tl.data import build_niah_trials, load_niah_probes, parse_depths, parse_lengths
 
     try:
@@ -201,27 +205,42 @@ def organism(
     task: Annotated[str, typer.Option(help="literal (NIAH-like) or nonliteral "
                                            "(NoLiMa-like).")] = "nonliteral",
     n: Annotated[int, typer.Option(help="Number of trials.", min=1)] = 40,
-    length: Annotated[int, typer.Option(help="Prompt length in tokens (retrieval-long: "
-                                             "512-4096; retrieval-2l: up to 128).",
-                                        min=16)] = 1024,
+    length: Annotated[int, typer.Option(help="Prompt length in tokens (valid range: "
+                                             "retrieval-long 512-2048, retrieval-2l up to "
+                                             "128); with 8 answer tokens it must fit the "
+                                             "organism's context.", min=16)] = 1024,
     book: Annotated[Path | None, typer.Option(
         help="Book text file or folder used as filler (default: synthetic filler).",
         exists=True)] = None,
+    model: Annotated[str | None, typer.Option(
+        help="The organism the trials are for (shipped name or directory; default: "
+             "retrieval-long): --length is checked against its context.")] = None,
     seed: SeedOpt = 12345,
 ) -> None:
     """The model organisms' literal or non-literal retrieval trials (needle span = the
     `NAME LANDMARK` pair; `meta.query_start` = the question, for `locos compress`)."""
+    from locos_tl.cli._common import check_length
+    from locos_tl.cli.demo import MAX_NEW_TOKENS, resolve_organism, valid_length_warning
     from locos_tl.organisms import TASKS, make_trials
 
     if task not in TASKS:
         fail(LocosError(f"unknown --task {task!r}; use {' or '.join(TASKS)}"))
     try:
+        organism_dir = resolve_organism(model)
+        if not (organism_dir / "config.json").is_file():
+            raise LocosError(f"--model {model}: no organism at {organism_dir} (no "
+                             "config.json); shipped: retrieval-long, retrieval-2l")
+        check_length(str(organism_dir), [length], MAX_NEW_TOKENS)  # before any work
+        warn = valid_length_warning(organism_dir, (length,))
+        if warn:
+            typer.secho(warn, err=True, fg=typer.colors.YELLOW)
         t0 = time.perf_counter()
         trials = make_trials(task, n, length, seed=seed, book=book)  # type: ignore[arg-type]
     except (LocosError, ValueError, FileNotFoundError) as exc:
         fail(exc)
     _write(trials, out, f"organism-{task}", time.perf_counter() - t0, dict(
-        task=task, n=n, length=length, book=str(book) if book else None, seed=seed))
+        task=task, n=n, length=length, book=str(book) if book else None,
+        model=organism_dir.name, seed=seed))
 
 
 @build_app.command("organism-echo")

@@ -15,7 +15,9 @@ set, applied as a mask over its group's stored cache; entries are counted per qu
 head and memory is freed only where every head of a group drops an entry.
 
 Allocation (:func:`kv_budgets`). Every unit keeps ``sinks`` first + ``min_recent`` last
-context positions; the total is ``fraction * n_units * context_len`` entries:
+context positions; the total is ``fraction`` of the context entries the full cache
+stores (a sliding-window layer stores only its window, :func:`context_capacity`; no
+unit is given more than its layer stores):
 ``"greedy"`` (units in rank order keep the full cache until the budget runs out, the
 marginal unit a longer recent window, the rest the floor), ``"proportional"`` (HeadKV,
 Fu et al. 2025, arXiv 2410.19258 Sec. 3.2: a base per unit plus a pool shared by score,
@@ -33,17 +35,44 @@ an attention function registered through ``AttentionInterface``
 (:mod:`locos_tl.compress.cache`), run on a plain HF twin sharing the bridge's weights.
 """
 
-from locos_tl.compress.budgets import Budgets, kv_budgets
-from locos_tl.compress.cache import CompressedCache, compress_cache
-from locos_tl.compress.generate import CompressedResult, compressed_generate
-from locos_tl.compress.sweep import compression_sweep
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from locos_tl.compress.budgets import Budgets, kv_budgets
+    from locos_tl.compress.cache import CompressedCache, compress_cache, context_capacity
+    from locos_tl.compress.fractions import check_fractions
+    from locos_tl.compress.generate import CompressedResult, compressed_generate
+    from locos_tl.compress.sweep import compression_sweep
+
+# imported on first use: ``locos_tl.compress.fractions`` (and ``budgets``) load without
+# torch, so the CLI can check its options before anything heavy is imported
+_WHERE = {
+    "Budgets": "budgets", "kv_budgets": "budgets",
+    "CompressedCache": "cache", "compress_cache": "cache", "context_capacity": "cache",
+    "check_fractions": "fractions",
+    "CompressedResult": "generate", "compressed_generate": "generate",
+    "compression_sweep": "sweep",
+}
 
 __all__ = [
     "Budgets",
     "CompressedCache",
     "CompressedResult",
+    "check_fractions",
     "compress_cache",
     "compressed_generate",
     "compression_sweep",
+    "context_capacity",
     "kv_budgets",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_WHERE[name]}"), name)
+    globals()[name] = value
+    return value

@@ -15,6 +15,10 @@ in float32 as HF's eager attention does.
 A model runs this attention through a *compression twin*: a plain HF model of the same
 class sharing the bridge's weight tensors (:func:`locos_tl.twin.build_twin`) whose
 attention implementation is :data:`ATTN_NAME`. The shared fast twins are not touched.
+
+Models with learned attention sinks (GPT-OSS: a learned logit per head, ``module.sinks``,
+passed to the attention as ``s_aux``, joins every softmax) are refused: this attention
+does not implement them, and their semantics differ between models.
 """
 
 from __future__ import annotations
@@ -145,6 +149,54 @@ class CompressedCache(Cache):
         return sum(layer.kv_bytes() for layer in self.layers)
 
 
+def cache_capacity(full: Any, context_len: int) -> np.ndarray:
+    """``[n_layers]`` context entries per kv head each layer of a prefilled full cache
+    stores: ``context_len``, or the window's last keys on a sliding-window layer.
+
+    Raises:
+        LocosError: a layer that is not ``[1, n_kv, K, d_head]`` keys.
+    """
+    return np.array([_layer_positions(layer, context_len)[2].numel() for layer in full.layers],
+                    dtype=np.int64)
+
+
+def context_capacity(model: Any, context_len: int) -> np.ndarray:
+    """``[n_layers]`` context entries per kv head the model's full KV cache stores after
+    ``context_len`` tokens (``context_len`` on full-attention layers; a transformers
+    sliding-window layer of window ``w`` keeps the last ``w - 1``): the ``capacity`` of
+    :func:`~locos_tl.compress.kv_budgets`. Read from an empty cache of the model's own
+    kind, fed ``context_len`` one-number keys (no forward pass).
+
+    Raises:
+        LocosError: ``context_len < 1``.
+    """
+    from transformers import DynamicCache
+
+    if int(context_len) < 1:
+        raise LocosError(f"context_len must be >= 1, got {context_len!r}")
+    cache = DynamicCache(config=model.original_model.config)
+    dummy = torch.zeros(1, 1, int(context_len), 1)
+    out = []
+    for layer in cache.layers:
+        layer.update(dummy, dummy)
+        out.append(int(layer.keys.shape[-2]))
+    return np.array(out, dtype=np.int64)
+
+
+def learned_sink_modules(hf_model: Any) -> list[str]:
+    """Names of the modules of an HF model that hold learned attention sinks (a tensor
+    ``module.sinks``: GPT-OSS and its kin)."""
+    return [name for name, m in hf_model.named_modules()
+            if isinstance(getattr(m, "sinks", None), Tensor)]
+
+
+def _sinks_error(where: str) -> LocosError:
+    return LocosError(
+        f"{where} has learned attention sinks (a learned logit per head in every softmax, "
+        "GPT-OSS's s_aux); compressed decoding does not implement them, so such models "
+        "are refused")
+
+
 def _layer_positions(layer: Any, context_len: int) -> tuple[Tensor, Tensor, Tensor]:
     """Keys ``[n_kv, K, d]``, values and absolute positions ``[K]`` of a full cache layer
     (a sliding layer holds the last ``K`` context positions)."""
@@ -166,8 +218,8 @@ def compress_cache(full: Any, budgets: Budgets, n_heads: int) -> CompressedCache
 
     The full cache is left intact (retained entries are copied with ``index_select``),
     so one prefill serves many budgets. A sliding-window layer holds only its last
-    ``window - 1`` context keys: its retained set is the budget's set intersected with
-    those (the layer never sees older keys anyway).
+    ``window - 1`` context keys; the budgets must know it (their ``capacity``, from
+    :func:`context_capacity`), so that every budgeted entry is stored.
 
     Args:
         full: a transformers ``DynamicCache`` after prefilling the ``P`` context tokens.
@@ -175,7 +227,8 @@ def compress_cache(full: Any, budgets: Budgets, n_heads: int) -> CompressedCache
         n_heads: query heads per layer.
 
     Raises:
-        LocosError: layer count, kv-head count or context length differ from the budgets.
+        LocosError: layer count, kv-head count, context length or a layer's capacity
+            differ from the budgets.
     """
     P = budgets.context_len
     if len(full.layers) != budgets.n_layers:
@@ -189,6 +242,12 @@ def compress_cache(full: Any, budgets: Budgets, n_heads: int) -> CompressedCache
         if k.shape[0] != budgets.n_kv_heads:
             raise LocosError(f"layer {l}: the cache has {k.shape[0]} kv heads, the budgets "
                              f"{budgets.n_kv_heads}")
+        if pos.numel() != budgets.capacity[l]:
+            raise LocosError(
+                f"layer {l}'s full cache stores {pos.numel()} context entries per kv head, "
+                f"the budgets assume {int(budgets.capacity[l])} (a sliding-window layer "
+                "stores only its window): build the budgets with "
+                "kv_budgets(..., capacity=context_capacity(model, context_len))")
         full_bytes += k.nbytes + v.nbytes
         stored = pos.cpu().numpy()
         keys, values, positions, keeps = [], [], [], []
@@ -241,8 +300,11 @@ def compressed_attention(
     the cache passed as ``locos_compressed_cache`` holds the keys.
 
     Raises:
-        LocosError: no compressed cache was passed, or batch size > 1.
+        LocosError: no compressed cache was passed, batch size > 1, or learned
+            attention sinks (``s_aux``, ``module.sinks``), which are not implemented.
     """
+    if kwargs.get("s_aux") is not None or isinstance(getattr(module, "sinks", None), Tensor):
+        raise _sinks_error(f"attention module {type(module).__name__}")
     cache = kwargs.get(CACHE_KWARG)
     if not isinstance(cache, CompressedCache):
         raise LocosError(f"attention {ATTN_NAME!r} needs a CompressedCache passed as "
@@ -290,11 +352,16 @@ def compression_twin(model: Any) -> Any:
     per model; it shares the bridge's weight tensors, :func:`locos_tl.twin.build_twin`).
 
     Raises:
-        LocosError: no twin can be built (device-mapped model, an architecture HF
-            cannot rebuild); the reason is in the message.
+        LocosError: learned attention sinks (GPT-OSS), or no twin can be built
+            (device-mapped model, an architecture HF cannot rebuild); the reason is in the
+            message.
     """
     if model in _TWINS:
         return _TWINS[model]
+    hf = model.original_model
+    sinks = learned_sink_modules(hf)
+    if sinks:
+        raise _sinks_error(f"{type(hf).__name__} ({sinks[0]}.sinks)")
     from locos_tl.twin import build_twin
 
     try:

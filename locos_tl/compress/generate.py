@@ -11,8 +11,9 @@ blocks). Positions are explicit (``position_ids``), so RoPE sees the original ab
 positions.
 
 With every unit full, the result equals :func:`locos_tl.decode.greedy_decode` token for
-token and its logits to 1e-5 in float32 (``tests/test_compress_decode.py``); in bf16 the
-kernels differ by rounding only, which can flip a near-tie argmax.
+token and its float32 logits up to summation order (``tests/test_compress_decode.py``:
+about 1e-5 on logits of magnitude 10); in bf16 the kernels differ by rounding only,
+which can flip a near-tie argmax.
 """
 
 from __future__ import annotations
@@ -210,7 +211,9 @@ def compressed_generate(
         trial: the trial; its question starts at ``query_start`` (or
             ``trial.meta["query_start"]``).
         budgets: :func:`~locos_tl.compress.kv_budgets` output with
-            ``context_len == query_start`` and the model's layer / kv-head counts.
+            ``context_len == query_start``, the model's layer / kv-head counts and, on a
+            model with sliding-window layers, ``capacity=context_capacity(model,
+            query_start)``.
         max_new_tokens: at most this many generated tokens.
         query_start: the question's first position (default: from the trial's meta).
         stop_rule, thinking, stop_at_eos: as :func:`locos_tl.decode.greedy_decode`.
@@ -224,7 +227,9 @@ def compressed_generate(
     Raises:
         TrialError: no ``query_start``; budgets for another context length or another
             layer / head count.
-        LocosError: no HF twin can be built; hooks are attached to the bridge.
+        LocosError: no HF twin can be built, or the model has learned attention sinks
+            (both before any forward pass); hooks are attached to the bridge; budgets
+            whose capacities differ from what the cache stores (sliding windows).
     """
     qs = query_start_of(trial, query_start)
     L, H, n_kv = n_heads_of(model)
@@ -242,6 +247,7 @@ def compressed_generate(
         raise TrialError(
             f"the budgets are for {budgets.n_layers} layers x {budgets.n_heads} heads / "
             f"{budgets.n_kv_heads} kv heads, the model has {L} x {H} / {n_kv}")
+    compression_twin(model)  # refuses what it cannot run before the prefill
     full = full_cache if full_cache is not None else prefill_context(model, trial, qs)
     cache = compress_cache(full, budgets, H)
     return decode_compressed(model, trial, cache, qs, max_new_tokens=max_new_tokens,

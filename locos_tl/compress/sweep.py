@@ -14,6 +14,8 @@ import numpy as np
 import pandas as pd
 
 from locos_tl.compress.budgets import as_score_array, kv_budgets
+from locos_tl.compress.cache import cache_capacity, compression_twin
+from locos_tl.compress.fractions import check_fractions
 from locos_tl.compress.generate import (
     compressed_generate,
     n_heads_of,
@@ -85,7 +87,10 @@ def compression_sweep(
             ``{name: (scores, allocation)}``. ``"headkv"`` without an allocation uses
             ``"proportional"`` (HeadKV's published combination), others ``allocation``.
         fractions: retained fractions of the context cache, each in ``(0, 1]`` (as
-            ``locos compress --fractions``; a log-scale curve has no 0).
+            ``locos compress --fractions``; a log-scale curve has no 0; repeats are
+            dropped). A fraction is of the entries the full cache stores: a
+            sliding-window layer stores only its window
+            (:func:`~locos_tl.compress.context_capacity`).
         unit: ``"kv_group"`` or ``"query_head"``.
         include: built-in rankings: ``"uniform"`` (uniform allocation) and
             ``"random"`` (scores drawn with ``seed``, ``allocation``).
@@ -109,18 +114,17 @@ def compression_sweep(
     Raises:
         TrialError: a trial without ``query_start``.
         LocosError: unknown built-in ranking, a ranking of the wrong shape, a fraction
-            outside ``(0, 1]`` or none.
+            outside ``(0, 1]`` or none (:func:`~locos_tl.compress.fractions.
+            check_fractions`), a model compressed decoding cannot run (learned attention
+            sinks, no HF twin).
     """
     trials = as_trial_list(trials, "compression_sweep")
     if isinstance(include, str):
         include = (include,)
     L, H, n_kv = n_heads_of(model)
     ranks = _rankings(rankings, include, (L, H), seed, allocation)
-    fractions = [float(f) for f in fractions]
-    bad = [f for f in fractions if not 0.0 < f <= 1.0]
-    if bad or not fractions:
-        raise LocosError(f"fractions must each lie in (0, 1] (a share of the KV cache, "
-                         f"0.1 = keep 10 %); got {bad or 'none'}")
+    fractions = check_fractions(fractions)
+    compression_twin(model)  # refuses what it cannot run before any prefill
     total = len(trials) * len(ranks) * len(fractions)
     bar = None
     if progress:
@@ -134,13 +138,15 @@ def compression_sweep(
             own = trial.meta.get("query_start")
             qs = query_start_of(trial, own if own is not None else query_start)
             full = prefill_context(model, trial, qs)
+            capacity = cache_capacity(full, qs)  # sliding-window layers store less
             for name, (scores, alloc, meta) in ranks.items():
                 for frac in fractions:
                     with warnings.catch_warnings():  # said once, after the sweep
                         warnings.simplefilter("ignore", UserWarning)
                         b = kv_budgets(scores, frac, qs, n_kv, unit=unit, allocation=alloc,
                                        sinks=sinks, min_recent=min_recent,
-                                       group_reduce=group_reduce, method=name)
+                                       group_reduce=group_reduce, method=name,
+                                       capacity=capacity)
                     r = compressed_generate(model, trial, b, max_new_tokens=max_new_tokens,
                                             stop_rule=stop_rule, full_cache=full,
                                             query_start=qs)

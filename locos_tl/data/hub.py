@@ -279,8 +279,9 @@ def load_tokenizer(name_or_dir: str | Path) -> Any:
     """A fast tokenizer from a local folder (offline) or a hub model name.
 
     Args:
-        name_or_dir: folder with ``tokenizer.json`` / ``tokenizer_config.json``, or a
-            hub id such as ``Qwen/Qwen3-8B`` (used from the cache when offline).
+        name_or_dir: folder with ``tokenizer.json`` / ``tokenizer_config.json``, a
+            hub id such as ``Qwen/Qwen3-8B`` (used from the cache when offline), a known
+            real model (:mod:`locos_tl.zoo`) or a ``.gguf`` file (its prepared folder).
 
     Raises:
         HubUnavailableError: a hub name that is not cached while offline.
@@ -288,6 +289,13 @@ def load_tokenizer(name_or_dir: str | Path) -> Any:
     """
     from transformers import AutoTokenizer
 
+    from locos_tl.errors import ModelLoadError
+    from locos_tl.zoo import resolve_checkpoint
+
+    try:  # a known real model (locos models fetch) or a .gguf file: its prepared folder
+        name_or_dir = resolve_checkpoint(name_or_dir) or name_or_dir
+    except ModelLoadError as exc:
+        raise DataFormatError(str(exc)) from exc
     p = Path(name_or_dir)
     if not p.exists() and (str(name_or_dir).startswith((".", "/", "~"))
                            or str(name_or_dir).count("/") > 1):

@@ -183,7 +183,9 @@ class PromptBuilder:
                 ``length``, ``depth``, ``depth_actual`` (percent of the haystack
                 tokens before the needle), ``haystack``, ``haystack_index``,
                 ``n_haystack_tokens`` (book tokens used) and ``haystack_start`` (the
-                book character offset the haystack starts at).
+                book character offset the haystack starts at) and ``query_start``
+                (the first token after the haystack: where the question part starts,
+                as :mod:`locos_tl.compress` reads it).
 
         Returns:
             a :class:`~locos_tl.trials.Trial` with ``len(tokens) == length`` and
@@ -423,6 +425,9 @@ class PromptBuilder:
             haystack_index=haystack.index,
             n_haystack_tokens=r.n_book,
             haystack_start=r.book_start,
+            # first position after the haystack: the question and the rest of the
+            # template, which KV-cache compression keeps whole (locos_tl.compress)
+            query_start=int(he),
         )
         return Trial(tokens=tuple(r.ids), needle_span=(s, e), answer=answer, prompt=r.prompt,
                      meta=out, answer_span=answer_span)

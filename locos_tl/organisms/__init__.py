@@ -21,28 +21,32 @@ from locos_tl.organisms.tasks import (
     make_trials,
 )
 
-ORGANISM_NAME = "retrieval-2l"
+_SHIPPED = Path(__file__).resolve().parents[2] / "data" / "organisms"
 
-#: A hand-compiled twin (weights set by hand; exact ground truth by construction).
-COMPILED_ORGANISM: str = str(
-    Path(__file__).resolve().parents[2] / "data" / "organisms" / "retrieval-2l-compiled"
-)
+#: The default organism's name: the one `locos demo`, the quick start and the notebooks use.
+ORGANISM_NAME = "retrieval-long"
 
-#: The shipped (trained) organism's directory (``data/organisms/<ORGANISM_NAME>`` in the repo).
-DEFAULT_ORGANISM: str = str(
-    Path(__file__).resolve().parents[2] / "data" / "organisms" / ORGANISM_NAME
-)
+#: The long-context organism (3 layers x 8 heads; retrieves at 512-2048 tokens; see its
+#: MODEL_CARD.md).
+LONG_ORGANISM: str = str(_SHIPPED / "retrieval-long")
 
-#: The long-context organism (retrieves at 1k-2k tokens; see its MODEL_CARD.md).
-LONG_ORGANISM: str = str(
-    Path(__file__).resolve().parents[2] / "data" / "organisms" / "retrieval-long"
-)
+#: The default organism's directory (``data/organisms/<ORGANISM_NAME>``):
+#: :data:`LONG_ORGANISM`.
+DEFAULT_ORGANISM: str = LONG_ORGANISM
+
+#: The 2-layer organism ``retrieval-long`` was grown from (2 x 8 heads, prompts up to 128
+#: tokens): fast, for tests and short prompts.
+SMALL_ORGANISM: str = str(_SHIPPED / "retrieval-2l")
+
+#: A hand-compiled twin of :data:`SMALL_ORGANISM` (weights set by hand; exact ground truth
+#: by construction).
+COMPILED_ORGANISM: str = str(_SHIPPED / "retrieval-2l-compiled")
 
 #: Shipped organisms by name.
 ORGANISMS: dict[str, str] = {
-    ORGANISM_NAME: DEFAULT_ORGANISM,
-    "retrieval-2l-compiled": COMPILED_ORGANISM,
     "retrieval-long": LONG_ORGANISM,
+    "retrieval-2l": SMALL_ORGANISM,
+    "retrieval-2l-compiled": COMPILED_ORGANISM,
 }
 
 
@@ -64,6 +68,7 @@ __all__ = [
     "LONG_ORGANISM",
     "ORGANISMS",
     "ORGANISM_NAME",
+    "SMALL_ORGANISM",
     "TASKS",
     "BookFiller",
     "ContextSpec",

@@ -252,7 +252,7 @@ Non-literal:
     if compiled:
         origin = f"""**This checkpoint is HAND-COMPILED, not trained**: every weight was set by hand
 (`locos_tl.organisms.compiled`, seed {log.get('seed')}) to implement the intended circuit, then
-saved as an ordinary HF checkpoint. It is the hand-compiled twin of the trained default
+saved as an ordinary HF checkpoint. It is the hand-compiled twin of the trained 2-layer
 organism (`data/organisms/retrieval-2l`): same tokenizer, same tasks, one head per role, so
 its ground truth is known exactly by construction (and re-measured causally below).
 By construction: L0H3 is the previous-token mover, L1H1 the literal copy head (kv group 0),

