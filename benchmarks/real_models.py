@@ -432,6 +432,28 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
         acc.to_csv(out / "compress" / "accuracy.csv")
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(head.to_string(index=False))  # noqa: T201
+    if args.publish:
+        publish(out, Path(args.publish))
+
+
+#: the small result files copied into the docs (``--publish``); the run keeps the rest
+PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
+             "detect/scores.csv", "detect/meta.json", "detect_niah/scores.csv",
+             "patch/agreement_locos_cri.csv", "compress/accuracy.csv",
+             "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
+             "detect/*/head_scores.json", "detect_niah/wu/head_scores.json",
+             "patch/scores.csv", "figures/*.png", "stages/*.done")
+
+
+def publish(out: Path, dest: Path) -> None:
+    """Copy the run's small result files (tables, head scores, PNG figures) to ``dest``."""
+    import shutil
+
+    for pattern in PUBLISHED:
+        for src in sorted(out.glob(pattern)):
+            target = dest / src.relative_to(out)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(src, target)
 
 
 def _sliding_layers(model: Any) -> set[int] | None:
@@ -472,6 +494,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--batch-size", type=int, default=1)
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--publish", default=None,
+                    help="copy the small result files here after the report "
+                         "(e.g. docs/real_models/smollm2)")
     for key in PRESETS["full"]:
         ap.add_argument("--" + key.replace("_", "-"), default=None,
                         type=str if key == "eval_lengths" else int)

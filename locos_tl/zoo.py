@@ -167,22 +167,25 @@ def models_table() -> list[dict[str, str]]:
 def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path | None:
     """The local Hugging Face directory behind a registry name or a GGUF file, else None.
 
-    - an existing ``.gguf`` file (GGUF magic bytes): its cached directory, prepared on
-      first use (:func:`locos_tl.gguf_cache.prepare_gguf`);
+    - an existing GGUF file (GGUF magic bytes, or named ``*.gguf``): its cached
+      directory, prepared on first use (:func:`locos_tl.gguf_cache.prepare_gguf`);
     - a registry name (and no local path of that name): its prepared directory; when its
       packages are installed but the checkpoint is not prepared yet, it is prepared now;
     - anything else (hub name, local directory): None, for the caller to handle.
 
     Raises:
-        ModelLoadError: a ``.gguf`` path that does not exist; a registry name that is not
-            fetched (the message says to run ``locos models fetch NAME``).
+        ModelLoadError: a ``.gguf`` path that does not exist or is no GGUF file; a
+            registry name that is not fetched (the message says to run
+            ``locos models fetch NAME``); see also :func:`prepare_gguf`.
     """
     from locos_tl.gguf_cache import is_gguf_file
 
     text = str(name_or_path)
     path = Path(text).expanduser()
     if path.exists():
-        return prepare_gguf(path) if path.is_file() and is_gguf_file(path) else None
+        if path.is_file() and (is_gguf_file(path) or path.suffix.lower() == ".gguf"):
+            return prepare_gguf(path)  # a .gguf name without the magic bytes: a clear error
+        return None
     if text.lower().endswith(".gguf"):
         raise ModelLoadError(f"GGUF file {text!r} does not exist")
     entry = REAL_MODELS.get(text)

@@ -432,3 +432,13 @@ def test_lengths_checked_against_the_context_before_any_work(no_model_load, tmp_
     assert (f"--length 4096 does not fit retrieval-2l: its context is {small_ctx} tokens"
             in " ".join(res.output.split()))
     assert not no_model_load and not (tmp_path / "d").exists()
+
+
+def test_calibrate_prompts_checked_before_loading(no_model_load, tiny_dirs, tmp_path):
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"text": "some text"}\n{"text": \n')
+    res = runner.invoke(app, ["calibrate", "--model", str(tiny_dirs["qwen3"]), "--prompts",
+                              str(prompts), "--out", str(tmp_path / "m.safetensors")])
+    assert res.exit_code == 2, res.output
+    assert f"{prompts}:2: not valid JSON" in " ".join(res.output.split())
+    assert not no_model_load and not (tmp_path / "m.safetensors").exists()

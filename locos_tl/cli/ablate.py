@@ -50,16 +50,20 @@ def read_prompts(path: Path) -> list[str]:
     file with one prompt per non-empty line.
 
     Raises:
-        LocosError: the file does not exist or holds no prompt.
+        LocosError: the file does not exist, holds a broken JSON line (named by line) or
+            no prompt.
     """
     if not path.exists():
         raise LocosError(f"prompt file {path} does not exist")
     prompts = []
-    for line in path.read_text().splitlines():
+    for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
         if line.lstrip().startswith("{"):
-            d = json.loads(line)
+            try:
+                d = json.loads(line)
+            except ValueError as exc:
+                raise LocosError(f"{path}:{i}: not valid JSON ({exc})") from None
             prompts.append(str(d.get("text") or d.get("prompt") or ""))
         else:
             prompts.append(line)

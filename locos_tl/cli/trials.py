@@ -55,8 +55,9 @@ OutOpt = Annotated[Path, typer.Option(help="Output trials file (JSON lines).",
 
 @build_app.command("nolima")
 def nolima(
-    needle_set: Annotated[Path, typer.Option(help="NoLiMa needle_set*.json file.",
-                                             exists=True, dir_okay=False)],
+    needle_set: Annotated[str, typer.Option(
+        help="NoLiMa needle_set*.json file, or the name of a set shipped with locos_tl: "
+             "everyday (self-written; direct and onehop questions).")],
     haystack: HaystackOpt,
     tokenizer: TokenizerOpt,
     out: OutOpt,
@@ -69,6 +70,10 @@ def nolima(
     ] = None,
     characters_per_entry: Annotated[int, typer.Option(help="Names drawn per entry.")] = 1,
     chat_template: ChatOpt = False,
+    template: Annotated[str, typer.Option(
+        help="Task template: default (each entry's own, chat-style) or completion (ends "
+             "'Answer: The character is', for base models; use with --no-chat-template)."
+    )] = "default",
     seed: SeedOpt = 0,
 ) -> None:
     """NoLiMa trials (Modarressi et al. 2025, arXiv 2502.05167) from a needle set."""
@@ -79,7 +84,11 @@ def nolima(
         parse_depths,
         parse_lengths,
     )
+    from locos_tl.data.nolima import TASK_TEMPLATES
 
+    if template not in TASK_TEMPLATES:
+        fail(LocosError(f"unknown --template {template!r}; use one of "
+                        f"{', '.join(TASK_TEMPLATES)}"))
     try:
         items = expand_needle_set(load_needle_set(needle_set), question_type or None)
         tok, hays = _tokenizer(tokenizer), _haystacks(haystack)
@@ -87,14 +96,15 @@ def nolima(
         trials = build_nolima_trials(
             tok, items, hays, lengths=parse_lengths(lengths), depths=parse_depths(depths),
             num_examples=num_examples, characters_per_entry=characters_per_entry,
-            chat_template=chat_template, seed=seed,
+            chat_template=chat_template, seed=seed, template=template,
         )
     except LocosError as exc:
         fail(exc)
     _write(trials, out, "nolima", time.perf_counter() - t0, dict(
         needle_set=str(needle_set), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
         lengths=lengths, depths=depths, num_examples=num_examples, question_type=question_type,
-        characters_per_entry=characters_per_entry, chat_template=chat_template, seed=seed,
+        characters_per_entry=characters_per_entry, chat_template=chat_template,
+        template=template, seed=seed,
     ))
 
 

@@ -7,6 +7,7 @@ heavy is imported; :func:`locos_tl.compress.compression_sweep` calls the same fu
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 from locos_tl.errors import LocosError
 
@@ -14,8 +15,9 @@ from locos_tl.errors import LocosError
 RANGE = "fractions must each lie in (0, 1], a share of the KV cache (0.1 = keep 10 %)"
 
 
-def check_fractions(fractions: Iterable[float | str]) -> list[float]:
-    """The fractions as floats, each in ``(0, 1]``, repeats dropped, order kept.
+def check_fractions(fractions: Iterable[Any]) -> list[float]:
+    """The fractions (numbers, or strings such as ``"0.1"``) as floats, each in
+    ``(0, 1]``, repeats dropped, order kept.
 
     ``0`` is refused: no cache at all is not a compression level (and a log-scale
     curve has no 0).

@@ -36,6 +36,18 @@ DEFAULT_TASK_TEMPLATE = (
     "additional explanation or reasoning."
 )
 
+#: Completion-style task template for base models (no chat template): the prompt ends
+#: where the answer, the character's name, starts. Select it with ``template="completion"``.
+COMPLETION_TASK_TEMPLATE = (
+    "Read the following book snippet and answer the question after it.\n\n{haystack}\n\n"
+    "Question: {question}\nAnswer: The character is"
+)
+#: Task templates selectable by name: ``default`` keeps each entry's own ``task_template``
+#: (NoLiMa's chat-style :data:`DEFAULT_TASK_TEMPLATE` when it has none).
+TASK_TEMPLATES: dict[str, str | None] = {"default": None, "completion": COMPLETION_TASK_TEMPLATE}
+#: Folder of the needle sets shipped with locos_tl (``<name>.json``).
+NEEDLE_SETS_DIR = Path(__file__).parent / "needle_sets"
+
 _SLOT = re.compile(r"\{([^{}]*)\}")
 _REQUIRED = ("id", "needle", "questions", "character_set", "tests")
 
@@ -122,16 +134,47 @@ def choose_characters(item: NoLiMaItem | NoLiMaEntry, haystack_index: int, k: in
     return [rng.choice(cs)] if k == 1 else rng.sample(cs, k)
 
 
-def load_needle_set(path: str | Path) -> list[NoLiMaEntry]:
-    """Read and validate a NoLiMa ``needle_set*.json`` file.
+def shipped_needle_sets() -> list[str]:
+    """Names of the needle sets shipped with locos_tl (e.g. ``["everyday"]``)."""
+    return sorted(p.stem for p in NEEDLE_SETS_DIR.glob("*.json"))
+
+
+def resolve_needle_set(name_or_path: str | Path) -> Path:
+    """The file of a needle set: an existing path as is, else a shipped set's name.
+
+    Args:
+        name_or_path: a ``needle_set*.json`` path, or the bare name of a shipped set
+            (:func:`shipped_needle_sets`, e.g. ``"everyday"``).
 
     Raises:
-        DataFormatError: missing file, invalid JSON, or an invalid entry (the message
-            names the file, the entry id and the field).
+        DataFormatError: neither an existing file nor a shipped set's name (the message
+            lists the shipped sets).
     """
-    path = Path(path)
-    if not path.is_file():
-        raise DataFormatError(f"needle set {path} does not exist")
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    name = str(name_or_path)
+    shipped = shipped_needle_sets()
+    if name in shipped:
+        return NEEDLE_SETS_DIR / f"{name}.json"
+    raise DataFormatError(
+        f"needle set {name} does not exist: not a file and not a shipped set "
+        f"(shipped: {', '.join(shipped) or 'none'})"
+    )
+
+
+def load_needle_set(path: str | Path) -> list[NoLiMaEntry]:
+    """Read and validate a NoLiMa ``needle_set*.json`` file, or a shipped set by name.
+
+    Args:
+        path: a file, or the name of a shipped set (``"everyday"``; see
+            :func:`resolve_needle_set`).
+
+    Raises:
+        DataFormatError: missing file or unknown name, invalid JSON, or an invalid entry
+            (the message names the file, the entry id and the field).
+    """
+    path = resolve_needle_set(path)
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as exc:
@@ -238,6 +281,7 @@ def build_nolima_trials(
     chat_template: bool = False,
     seed: int = 0,
     builder: PromptBuilder | None = None,
+    template: str = "default",
 ) -> list[Trial]:
     """Build NoLiMa trials with exact prompt lengths and needle spans.
 
@@ -256,17 +300,27 @@ def build_nolima_trials(
         chat_template: render with the tokenizer's chat template (thinking disabled).
         seed: sampling seed.
         builder: reuse a :class:`PromptBuilder` (keeps tokenised books cached).
+        template: ``"default"`` (each entry's ``task_template``, chat-style) or
+            ``"completion"`` (:data:`COMPLETION_TASK_TEMPLATE`, for base models; use it
+            without ``chat_template``); see :data:`TASK_TEMPLATES`.
 
     Returns:
         trials whose ``meta`` holds ``task``, ``entry_id``, ``test_id``,
         ``question_type``, ``reasoning_type``, ``character``, ``needle``,
-        ``question``, ``distractor``, ``seed``, ``chat_template`` and the builder's
-        ``length``, ``depth``, ``depth_actual``, ``haystack``, ``haystack_index``.
+        ``question``, ``distractor``, ``seed``, ``chat_template``, ``template`` and the
+        builder's ``length``, ``depth``, ``depth_actual``, ``haystack``,
+        ``haystack_index``.
 
     Raises:
         HaystackTooShortError, TrialError, DataFormatError: see
-            :meth:`PromptBuilder.build`.
+            :meth:`PromptBuilder.build`; DataFormatError also for an unknown
+            ``template``.
     """
+    if template not in TASK_TEMPLATES:
+        raise DataFormatError(
+            f"unknown task template {template!r}; use one of {', '.join(TASK_TEMPLATES)}"
+        )
+    override = TASK_TEMPLATES[template]
     builder = builder or PromptBuilder(tokenizer)
     by_index = {h.index: h for h in haystacks}
     cells = nolima_cells(items, haystacks, lengths, depths, characters_per_entry)
@@ -279,7 +333,8 @@ def build_nolima_trials(
         it = items[c.item]
         hay = by_index[c.haystack_index]
         needle, question, answer = it.realise(c.character)
-        template = PromptTemplate(it.task_template, it.system_prompt, chat_template)
+        prompt_template = PromptTemplate(override or it.task_template, it.system_prompt,
+                                         chat_template)
         others = []
         if it.distractor:
             rng = random.Random(f"distractor:{it.entry_id}:{it.test_id}:{c.length}:{c.depth}")
@@ -293,9 +348,10 @@ def build_nolima_trials(
             distractor_depth=others[0].depth if others else None,
             gold_answers=[g.replace("{CHAR}", c.character) for g in it.gold_answers] or [answer],
             seed=nolima_seed(it.entry_id, hay.index), chat_template=chat_template,
+            template=template,
         )
         trials.append(builder.build(
-            hay, length=c.length, template=template, question=question,
+            hay, length=c.length, template=prompt_template, question=question,
             needle=Insert(needle, c.depth), answer=answer, others=others, meta=meta,
         ))
     return trials
