@@ -34,6 +34,7 @@ The committed tables (``docs/real_models/needle_set_accuracy_*.csv``) were made 
 different characters.
 """
 
+# ruff: noqa: T201  (a benchmark prints its tables)
 from __future__ import annotations
 
 import argparse
@@ -89,6 +90,55 @@ def common_prefix(seqs: list[tuple[int, ...]]) -> int:
     return n
 
 
+def greedy(model: Any, tokens: tuple[int, ...], cache: Any, stops: list[int],
+           tok: Any) -> str:
+    """The response: free greedy decoding of ``tokens`` (``cache`` holds a prefix of
+    them, or is None), stopped at a token of ``stops`` (not part of the response)."""
+    ids = torch.tensor([tokens])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+                             max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
+                             eos_token_id=stops, pad_token_id=stops[0])
+    gen = out[0, ids.shape[1]:].tolist()
+    cut = next((k for k, y in enumerate(gen) if y in stops), len(gen))
+    return tok.decode(gen[:cut], skip_special_tokens=True)
+
+
+def shared_prefixes(model: Any, trials: list[Any], finish: Any, *, no_cache: bool = False,
+                    cache: Any = None, done: int = 0, min_gain: int = 16) -> None:
+    """Run ``finish(trial, cache)`` for every trial, where ``cache`` holds the KV cache
+    of a prefix of the trial's prompt (a copy: ``finish`` may extend it).
+
+    The trials (sorted by tokens) form a trie; each branch point's prefix is computed
+    once and copied into its branches, so trials that share a haystack cut, a depth or
+    a needle pay for their common tokens once. ``cache`` holds ``done`` tokens already.
+    """
+    if no_cache or not trials:
+        for t in trials:
+            finish(t, None)
+        return
+    if len(trials) == 1:
+        finish(trials[0], copy.deepcopy(cache) if cache is not None else None)
+        return
+    lcp = min(common_prefix([t.tokens for t in trials]), min(len(t.tokens) for t in trials) - 1)
+    if lcp - done >= min_gain:  # extend the cache to the branch point
+        cache = copy.deepcopy(cache) if cache is not None else None
+        with torch.no_grad():
+            cache = model(torch.tensor([trials[0].tokens[done:lcp]]), past_key_values=cache,
+                          cache_position=torch.arange(done, lcp), use_cache=True
+                          ).past_key_values
+        done = lcp
+    groups: dict[int, list[Any]] = defaultdict(list)
+    for t in trials:  # branch on the first token after the common prefix
+        groups[t.tokens[lcp] if lcp < len(t.tokens) else -1].append(t)
+    if len(groups) == 1:  # lcp was capped (a prompt is a prefix of another): no branching
+        for t in trials:
+            finish(t, copy.deepcopy(cache) if cache is not None else None)
+        return
+    for sub in groups.values():
+        shared_prefixes(model, sub, finish, cache=cache, done=done, min_gain=min_gain)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--model", required=True, help="real model name or HF directory")
@@ -104,6 +154,8 @@ def main() -> None:
     ap.add_argument("--chat-template", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--table", type=Path, default=None)
+    ap.add_argument("--no-prefix-cache", action="store_true",
+                    help="decode every prompt from scratch (the check of the prefix cache)")
     args = ap.parse_args()
 
     directory = checkpoint_dir(args.model)
@@ -132,44 +184,29 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
                                                  attn_implementation="sdpa").eval()
     stops = stop_ids(tok, model.config)
-    groups: dict[float, list[Any]] = defaultdict(list)
-    for t in todo:  # same depth: same haystack text before the needle
-        groups[t.meta["depth"]].append(t)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     new_file = not args.out.exists()
     with args.out.open("a", newline="") as fh, tqdm(total=len(todo), desc="trials") as bar:
         writer = csv.DictWriter(fh, fieldnames=FIELDS)
         if new_file:
             writer.writeheader()
-        for group in groups.values():
-            n = common_prefix([t.tokens for t in group]) - 1  # leave >= 1 token to run
-            cache = None
-            if n > 0:
-                with torch.no_grad():
-                    cache = model(torch.tensor([group[0].tokens[:n]]),
-                                  use_cache=True).past_key_values
-            for t in group:
-                t0 = time.perf_counter()
-                ids = torch.tensor([t.tokens])
-                with torch.no_grad():
-                    out = model.generate(
-                        ids, attention_mask=torch.ones_like(ids),
-                        past_key_values=copy.deepcopy(cache) if cache is not None else None,
-                        max_new_tokens=MAX_NEW_TOKENS, do_sample=False,
-                        eos_token_id=stops, pad_token_id=stops[0])
-                gen = out[0, ids.shape[1]:].tolist()
-                cut = next((k for k, y in enumerate(gen) if y in stops), len(gen))
-                resp = tok.decode(gen[:cut], skip_special_tokens=True)
-                m = t.meta
-                writer.writerow(dict(
-                    trial_id=t.trial_id, entry_id=m["entry_id"], test_id=m["test_id"],
-                    question_type=m["question_type"], reasoning_type=m["reasoning_type"],
-                    character=m["character"], depth=m["depth"], length=m["length"],
-                    haystack=m["haystack"], response=resp,
-                    gate=int(passes_gate(resp, t.answer)), **score_nolima(resp, t),
-                    seconds=round(time.perf_counter() - t0, 2)))
-                fh.flush()
-                bar.update()
+
+        def finish(t: Any, cache: Any) -> None:
+            t0 = time.perf_counter()
+            resp = greedy(model, t.tokens, cache, stops, tok)
+            m = t.meta
+            writer.writerow(dict(
+                trial_id=t.trial_id, entry_id=m["entry_id"], test_id=m["test_id"],
+                question_type=m["question_type"], reasoning_type=m["reasoning_type"],
+                character=m["character"], depth=m["depth"], length=m["length"],
+                haystack=m["haystack"], response=resp,
+                gate=int(passes_gate(resp, t.answer)), **score_nolima(resp, t),
+                seconds=round(time.perf_counter() - t0, 2)))
+            fh.flush()
+            bar.update()
+
+        shared_prefixes(model, sorted(todo, key=lambda t: t.tokens), finish,
+                        no_cache=args.no_prefix_cache)
     df = pd.read_csv(args.out, dtype={"entry_id": str})
     df = df[df.trial_id.isin({t.trial_id for t in trials})]
     table = per_entry_table(df)

@@ -61,8 +61,8 @@ def cached_dir(sha256: str) -> Path:
 
 
 def is_prepared(directory: str | os.PathLike[str]) -> bool:
-    """True when ``directory`` holds a finished prepared checkpoint (the source record is
-    written last, so a directory left by an interrupted preparation does not count)."""
+    """True when ``directory`` holds a finished prepared checkpoint (its source record
+    and config; a preparation is written to a temporary folder and renamed into place)."""
     d = Path(directory)
     return (d / SOURCE_FILE).is_file() and (d / "config.json").is_file()
 
@@ -120,6 +120,7 @@ def prepare_gguf(
     *,
     sha256: str | None = None,
     registry_name: str | None = None,
+    extra: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Path:
     """The cached Hugging Face directory of a GGUF file, made on first use.
@@ -129,12 +130,13 @@ def prepare_gguf(
     cannot ``save_pretrained`` as it is), checks that the input and output embeddings
     are still tied where the config ties them, and saves weights (safetensors), config
     and tokenizer (chat template included) into a temporary folder that is renamed into
-    place, then writes ``gguf_source.json``. Later calls return the directory at once.
+    place with its ``gguf_source.json``. Later calls return the directory at once.
 
     Args:
         path: the ``.gguf`` file.
         sha256: its SHA-256 when already known (skips hashing).
         registry_name: the :mod:`locos_tl.zoo` name it was fetched as (recorded).
+        extra: more fields for ``gguf_source.json`` (e.g. the packages it came from).
         log: called with progress messages (default: silent).
 
     Returns:
@@ -172,14 +174,18 @@ def prepare_gguf(
             "dtype": "float32",
             "registry_name": registry_name,
             **info,
+            **(extra or {}),
         }
-        if out.exists():  # an interrupted earlier preparation
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        if is_prepared(out):  # another process finished first: keep its directory
+            shutil.rmtree(tmp)
+            return out
+        if out.exists():  # left by an interrupted earlier preparation
             shutil.rmtree(out)
-        tmp.rename(out)
+        tmp.rename(out)  # atomic: a directory under the key is always complete
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    (out / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
     say(f"prepared {out}")
     return out
 

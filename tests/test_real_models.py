@@ -18,10 +18,12 @@ measured: ``noise`` is the largest difference between HF's eager and SDPA attent
 (same weights, same float32, only the order of the sums differs) in the logits of the
 last prompt position. Every quantity compared is in logits (phi, DLA, step logits,
 LOCOS/DLA scores) or bounded by them (attention-mass and copy scores), and the two
-sides differ only in summation order, so they must agree within ``TOL_FACTOR * noise``
-(the factor covers a different kernel on each side; measured ratios are in the report
-of issue 18). Each test also checks that the tolerance is small against the effect it
-guards (raw vs exact, ablated vs clean).
+sides differ only in summation order, so they must agree within ``TOL_FACTOR * noise``.
+The factor covers a chain of a few such kernel changes (prefill, decode steps, the
+ablation's module hooks) where ``noise`` measures one: measured on both models, with
+OMP_NUM_THREADS=1 and the default, the largest error over noise ratio was 1.4 (Gemma's
+ablated decoding), 0.9 on SmolLM2. Each test also checks that the tolerance is small
+against the effect it guards (phi's size, raw vs exact, ablated vs clean logits).
 
 The tests skip when the model is not fetched, and fail instead when
 ``LOCOS_REQUIRE_REAL_MODELS=1`` (CI).
@@ -29,8 +31,10 @@ The tests skip when the model is not fetched, and fail instead when
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -42,7 +46,7 @@ from tolerances import assert_close_within
 REQUIRE = os.environ.get("LOCOS_REQUIRE_REAL_MODELS") == "1"
 HAYSTACK = Path(__file__).resolve().parents[2] / "shared" / "data" / "haystack"
 NEW = 6  # greedy tokens compared with HF generate
-TOL_FACTOR = 4.0
+TOL_FACTOR = 8.0
 
 # book-reading prompts: the instruct model gets its chat template, the base model a
 # completion-style prompt (issue 18: Gemma-3-270m answers no instruction-style question)
@@ -113,20 +117,22 @@ class Real:
 
     @cached_property
     def trials(self) -> list[Any]:
-        """Three trials of different lengths, needles and depths."""
+        """Three trials of different lengths, needles and depths, tokenized as
+        ``locos build-trials --tokenizer NAME`` does."""
         from locos_tl.data import (
             build_nolima_trials,
             expand_needle_set,
             load_haystacks,
             load_needle_set,
         )
+        from locos_tl.data.hub import load_tokenizer
 
         items = expand_needle_set(load_needle_set(needle_set(self.tmp,
                                                              self.setup["task_template"])))
         hays = load_haystacks([HAYSTACK / "dracula_part1.txt"])
         out = []
         for item, n, depth in zip(items, self.setup["lengths"], (20, 55, 85), strict=True):
-            out += build_nolima_trials(self.bridge.tokenizer, [item], hays, lengths=[n],
+            out += build_nolima_trials(load_tokenizer(self.name), [item], hays, lengths=[n],
                                        depths=[depth], chat_template=self.setup["chat_template"])
         return out
 
@@ -221,7 +227,7 @@ def hf_reference(hf: Any, tokens: list[int]) -> dict[str, Any]:
         lambda m, i: rec.__setitem__("final", i[0][0, -1].detach())))
     try:
         with torch.no_grad():
-            out = hf(torch.tensor([tokens]), output_attentions=True)
+            out = hf(torch.tensor([tokens]), output_attentions=True, logits_to_keep=1)
     finally:
         for h in hooks:
             h.remove()
@@ -338,7 +344,13 @@ def test_batched_scoring_equals_batch_size_1(real, record_property):
     from locos_tl.runner import run_trial
     from locos_tl.unembed import AnswerDirections
 
-    model, trials = real.bridge, real.trials[:2]
+    # the gold answer is a word of the model's own greedy response on the main trial (a
+    # name needs more than the 4 steps decoded here: "The character who lives next to ...
+    # is Yuki"), so the gate passes and scores are compared, not only the tokens
+    words = re.findall(r"[A-Za-z]{3,}", real.greedy.text)
+    answer = words[1] if len(words) > 1 else words[0]
+    model = real.bridge
+    trials = [dataclasses.replace(t, answer=answer, trial_id="") for t in real.trials[:2]]
     assert batch_fallback_reason(model) is None
     assert trials[0].n_tokens != trials[1].n_tokens
     detectors = [get_detector(m) for m in DETECTORS]
@@ -349,7 +361,11 @@ def test_batched_scoring_equals_batch_size_1(real, record_property):
     worst = max(same_record(a, b, real.tol) for a, b in zip(ref, got, strict=True))
     record_property("batch_max_abs_diff", worst)
     record_property("responses", [r["response"] for r in ref])
-    assert any(r["accepted"] for r in ref), [r["response"] for r in ref]  # scores compared
+    # not vacuous: LOCOS and most detectors have scores to compare (HeadKV's own gate
+    # needs the answer copied from the needle, which a word of the response may not be)
+    compared = sorted(m for m in DETECTORS if any(r["scores"].get(m) for r in ref))
+    record_property("methods_compared", compared)
+    assert "locos" in compared and len(compared) >= 4, [r["response"] for r in ref]
 
 
 def same_record(a: dict, b: dict, tol: float) -> float:
@@ -378,7 +394,7 @@ def test_ablated_decoding_on_twin_equals_bridge(real, record_property):
     model, tokens = real.bridge, real.main.tokens
     L, H = model.cfg.n_layers, model.cfg.n_heads
     heads = [(l, (3 * l) % H) for l in range(L)]  # one head per layer
-    means = calibrate_means(model, [real.trials[2].tokens[:200], real.trials[2].tokens[-200:]])
+    means = calibrate_means(model, [real.trials[2].tokens[:100], real.trials[2].tokens[-100:]])
     kw = dict(max_new_tokens=3, stop_at_newline=False, stop_at_eos=False)
     logits: dict[str, list[torch.Tensor]] = {"twin": [], "bridge": []}
     with ablate(model, heads, "query_mean", means=means):

@@ -209,7 +209,9 @@ def demo(
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/demo"),
     model: Annotated[str | None, typer.Option(help="Organism directory or shipped name "
                                                    "(retrieval-long, retrieval-2l; default: "
-                                                   "retrieval-long).")] = None,
+                                                   "retrieval-long), or a real model from "
+                                                   "`locos models list` (its own demo: "
+                                                   "500 tokens, 6 needles).")] = None,
     length: Annotated[int, typer.Option(help="Prompt length in tokens (valid range: "
                                              "retrieval-long 512-2048, retrieval-2l up to "
                                              "128; at most the organism's context - 7: "
@@ -221,8 +223,20 @@ def demo(
 ) -> None:
     """Score the shipped model organism's literal and non-literal retrieval heads with
     LOCOS and the Wu copy score, and compare them with its causal ground truth."""
+    from locos_tl.demo_real import is_real_model
     from locos_tl.errors import LocosError
 
+    if is_real_model(model):  # a real pretrained LLM (`locos models list`): its own demo
+        import click
+
+        from locos_tl.demo_real import demo_command
+
+        given = click.get_current_context().get_parameter_source
+        default = click.core.ParameterSource.DEFAULT
+        demo_command(out, str(model), book=book,
+                     length=None if given("length") == default else length,
+                     n_trials=None if given("n_trials") == default else n_trials)
+        return
     t0 = time.perf_counter()
     try:
         summary = run_demo(out, model_dir=model, n_trials=n_trials, lengths=(length,),
