@@ -50,7 +50,13 @@ import torch
 from tqdm.auto import tqdm
 
 from locos_tl.answers import passes_gate
-from locos_tl.data import Haystack, build_nolima_trials, expand_needle_set, load_needle_set
+from locos_tl.data import (
+    Haystack,
+    PromptBuilder,
+    build_nolima_trials,
+    expand_needle_set,
+    load_needle_set,
+)
 from locos_tl.data.hub import load_tokenizer
 from locos_tl.task_metrics import score_nolima
 
@@ -147,6 +153,8 @@ def main() -> None:
     ap.add_argument("--haystack-index", type=int, default=0)
     ap.add_argument("--length", type=int, default=1000)
     ap.add_argument("--depths", default="25,75")
+    ap.add_argument("--rotate-depths", action="store_true",
+                    help="one depth per (entry, test), cycling through --depths")
     ap.add_argument("--question-types", default="direct,onehop")
     ap.add_argument("--entries", default=None, help="comma-separated entry ids (default all)")
     ap.add_argument("--tests", default=None, help="comma-separated test ids (default all)")
@@ -169,16 +177,44 @@ def main() -> None:
         items = [it for it in items if it.test_id in set(args.tests.split(","))]
     hay = Haystack.from_text(args.haystack.read_text(encoding="utf-8"), args.haystack.name,
                              args.haystack_index)
-    trials = build_nolima_trials(
-        tok, items, [hay], lengths=[args.length],
-        depths=[float(d) for d in args.depths.split(",")],
-        chat_template=args.chat_template, template=args.template)
+    depths = [float(d) for d in args.depths.split(",")]
+    if args.rotate_depths:  # one depth per (entry, test), cycling: fewer trials, all depths
+        order = {e.id: i for i, e in enumerate(entries)}
+        tests = {e.id: list(e.tests) for e in entries}
+        by_depth: dict[float, list[Any]] = defaultdict(list)
+        for it in items:
+            k = order[it.entry_id] + tests[it.entry_id].index(it.test_id)
+            by_depth[depths[k % len(depths)]].append(it)
+        groups = list(by_depth.items())
+    else:
+        groups = [(None, items)]
+    builder = PromptBuilder(tok)
+    trials = []
+    for depth, group in groups:
+        trials += build_nolima_trials(
+            tok, group, [hay], lengths=[args.length],
+            depths=depths if depth is None else [depth], builder=builder,
+            chat_template=args.chat_template, template=args.template)
     done: set[str] = set()
     if args.out.exists():
-        done = set(pd.read_csv(args.out, dtype=str)["trial_id"])
+        done = set(pd.read_csv(args.out, dtype=str)["trial_id"]) & {t.trial_id for t in trials}
     todo = [t for t in trials if t.trial_id not in done]
     print(f"{len(trials)} trials, {len(done)} done, {len(todo)} to run")
 
+    if todo:
+        decode_all(args, directory, tok, todo)
+    df = pd.read_csv(args.out, dtype={"entry_id": str})
+    df = df[df.trial_id.isin({t.trial_id for t in trials})]
+    table = per_entry_table(df)
+    print(table.to_string())
+    print(df.groupby("question_type")[["contains", "rougeL", "gate"]].mean().round(3))
+    if args.table:
+        args.table.parent.mkdir(parents=True, exist_ok=True)
+        table.to_csv(args.table)
+
+
+def decode_all(args: argparse.Namespace, directory: str, tok: Any, todo: list[Any]) -> None:
+    """Decode ``todo`` and append one CSV row per trial to ``args.out``."""
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32,
@@ -207,14 +243,6 @@ def main() -> None:
 
         shared_prefixes(model, sorted(todo, key=lambda t: t.tokens), finish,
                         no_cache=args.no_prefix_cache)
-    df = pd.read_csv(args.out, dtype={"entry_id": str})
-    df = df[df.trial_id.isin({t.trial_id for t in trials})]
-    table = per_entry_table(df)
-    print(table.to_string())
-    print(df.groupby("question_type")[["contains", "rougeL", "gate"]].mean().round(3))
-    if args.table:
-        args.table.parent.mkdir(parents=True, exist_ok=True)
-        table.to_csv(args.table)
 
 
 def per_entry_table(df: pd.DataFrame) -> pd.DataFrame:

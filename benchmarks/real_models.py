@@ -540,16 +540,17 @@ def main(argv: list[str] | None = None) -> int:
         if stage not in stages:
             continue
         t0 = time.perf_counter()
-        if stage == "trials" and not _stage_done(out, "trials"):
-            build_trials(model, args, out)
+        if stage == "trials":
+            if not _stage_done(out, "trials"):
+                build_trials(model, args, out)
         elif stage == "detect":
             scores = detect(model, args, out)
+        elif stage == "calibrate":
+            means = calibrate(model, args, out)
         else:
             if scores is None:
                 scores = load_rankings(out)
-            if stage == "calibrate":
-                means = calibrate(model, args, out)
-            elif stage == "ablate":
+            if stage == "ablate":
                 means = means or calibrate(model, args, out)
                 ablate(model, args, out, scores, means)
             elif stage == "patch":

@@ -206,6 +206,7 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
 
 @app.command(short_help="Score the shipped model organism; compare with its truth.")
 def demo(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/demo"),
     model: Annotated[str | None, typer.Option(help="Organism directory or shipped name "
                                                    "(retrieval-long, retrieval-2l; default: "
@@ -227,15 +228,14 @@ def demo(
     from locos_tl.errors import LocosError
 
     if is_real_model(model):  # a real pretrained LLM (`locos models list`): its own demo
-        import click
-
         from locos_tl.demo_real import demo_command
 
-        given = click.get_current_context().get_parameter_source
-        default = click.core.ParameterSource.DEFAULT
-        demo_command(out, str(model), book=book,
-                     length=None if given("length") == default else length,
-                     n_trials=None if given("n_trials") == default else n_trials)
+        def given(name: str) -> bool:  # set on the command line, not left at its default
+            source = ctx.get_parameter_source(name)
+            return source is not None and source.name != "DEFAULT"
+
+        demo_command(out, str(model), book=book, length=length if given("length") else None,
+                     n_trials=n_trials if given("n_trials") else None)
         return
     t0 = time.perf_counter()
     try:
