@@ -52,14 +52,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "full": dict(n_detect=80, n_eval=60, n_niah=30, n_control=50, n_cri=20, n_compress=40,
                  eval_lengths="1000,2000", random_seeds="0,1,2",
                  methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
-                 fractions="0.05,0.1,0.2,0.5,1.0"),
-    # what a 2-core CPU session affords (the committed results; about 1,000 generations):
-    # the same protocol with fewer trials, one random seed, and the detectors the
-    # headline table needs in the ablation sweep
-    "cpu": dict(n_detect=40, n_eval=16, n_niah=10, n_control=20, n_cri=2, n_compress=8,
-                eval_lengths="1000", random_seeds="0",
-                methods="locos,wu_niah,wu_nolima,attention_spatial",
-                fractions="0.1,0.2,0.5"),
+                 fractions="0.05,0.1,0.2,0.5,1.0", ks="1,5,10,20,50",
+                 questions="onehop,direct"),
+    # what a loaded 2-core CPU affords in one session (the committed SmolLM2 results,
+    # about 100 ablated generations): the headline cell only (k = 50, LOCOS / Wu / one
+    # random seed, non-literal questions), with fewer trials
+    "cpu": dict(n_detect=20, n_eval=12, n_niah=6, n_control=12, n_cri=2, n_compress=8,
+                eval_lengths="1000", random_seeds="0", ks="50", questions="onehop",
+                methods="locos,wu_niah,wu_nolima", fractions="0.1,0.2,0.5"),
 }
 DETECT_SEED, EVAL_SEED = 101, 202
 DETECT_DEPTHS = (10, 30, 50, 70, 90)
@@ -110,17 +110,19 @@ def _bootstrap(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
 # ----------------------------------------------------------------------------- stages
 def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     import locos_tl as lt
+    from locos_tl.data.hub import load_tokenizer
     from locos_tl.data.prompt import PromptBuilder
 
-    tok = model.tokenizer
+    tok = load_tokenizer(args.model)  # the checkpoint's own tokenizer, as the CLI builds
     data = Path(args.data_dir)
     books = data / "haystack"
-    detect_hay = lt.load_haystacks([books / "dracula_part1.txt"])
+    detect_hay = lt.load_haystacks([_detect_haystack(args, books)])
     eval_hay = lt.load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
     entries = lt.load_needle_set(args.needle_set)
     chat = args.template == "chat"
     builder = PromptBuilder(tok)
-    kw = _template_kwargs(args)
+    # chat models: NoLiMa's chat-style task template; base models: the completion one
+    kw = {"template": "completion" if args.template == "completion" else "default"}
     for qtype in ("onehop", "direct"):
         items = lt.expand_needle_set(entries, [qtype])
         det = lt.build_nolima_trials(
@@ -154,28 +156,20 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     (out / "trials" / "calibration.json").write_text(json.dumps(prompts))
 
 
-def _template_kwargs(args: argparse.Namespace) -> dict[str, Any]:
-    """Builder options for the completion-style template of base models."""
-    if args.template != "completion":
-        return {}
-    from locos_tl.data import nolima
+def _detect_haystack(args: argparse.Namespace, books: Path) -> Path:
+    """``--detect-haystack``: ``dracula`` (the shared book), ``prose`` (the self-written
+    haystack shipped with locos_tl, no named people) or a file."""
+    if args.detect_haystack == "dracula":
+        return books / "dracula_part1.txt"
+    if args.detect_haystack == "prose":
+        from locos_tl.demo_real import DEFAULT_HAYSTACK
 
-    fn = getattr(nolima, "completion_items", None)
-    if fn is None:
-        raise SystemExit("this locos_tl has no completion-style NoLiMa template")
-    return {}
+        return DEFAULT_HAYSTACK
+    return Path(args.detect_haystack)
 
 
 def _ints(text: str) -> list[int]:
     return [int(x) for x in str(text).split(",") if x.strip()]
-
-
-def _items_for(args: argparse.Namespace, items: list[Any]) -> list[Any]:
-    if args.template == "completion":
-        from locos_tl.data.nolima import completion_items
-
-        return completion_items(items)
-    return items
 
 
 def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
@@ -236,7 +230,7 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
                   bottom="locos", max_new_tokens=args.eval_max_new_tokens)
     for length in _ints(args.eval_lengths):
-        for qtype in ("onehop", "direct"):
+        for qtype in _questions(args):
             trials = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
             lt.evaluate(model, trials, head_sets, scorer="nolima",
                         out_dir=out / "ablate" / f"{qtype}_{length}", **common)
@@ -343,6 +337,10 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
                            max_new_tokens=args.max_new_tokens, progress=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     df.to_csv(path, index=False)
+
+
+def _questions(args: argparse.Namespace) -> list[str]:
+    return [q.strip() for q in args.questions.split(",") if q.strip()]
 
 
 def _floats(text: str) -> list[float]:
@@ -496,10 +494,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data-dir", default="../shared/data",
                     help="folder with haystack/*.txt and niah_needles.jsonl")
     ap.add_argument("--stages", default=",".join(STAGES))
-    ap.add_argument("--ks", default="1,5,10,20,50")
     ap.add_argument("--detect-length", type=int, default=1000)
-    ap.add_argument("--max-new-tokens", type=int, default=24)
-    ap.add_argument("--eval-max-new-tokens", type=int, default=24)
+    ap.add_argument("--detect-haystack", default="dracula",
+                    help="detection book: dracula (shared), prose (shipped, no named "
+                         "people) or a text file; evaluation always uses Mohicans")
+    ap.add_argument("--max-new-tokens", type=int, default=16,
+                    help="greedy budget when scoring (answers are a name or a sentence)")
+    ap.add_argument("--eval-max-new-tokens", type=int, default=16)
     ap.add_argument("--n-calibration", type=int, default=50)
     ap.add_argument("--calibration-chars", type=int, default=4000)
     ap.add_argument("--calibration-tokens", type=int, default=1000)

@@ -66,7 +66,7 @@ def test_printed_ranking_is_the_score_files(demo_run):
             assert (scores.score.fillna(0) == 0).all()
             continue
         best = scores.sort_values("score", ascending=False).head(len(listed))
-        assert listed == [f"L{l}H{h}" for l, h in zip(best.layer, best.head, strict=True)]
+        assert listed == [f"L{l}H{h}" for l, h in zip(best["layer"], best["head"], strict=True)]
 
 
 def test_demo_trials_are_the_everyday_set(demo_run):

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from locos_tl.cli import app
+from locos_tl.cli._common import ClickContext
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -206,13 +207,13 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
 
 @app.command(short_help="Score the shipped model organism; compare with its truth.")
 def demo(
-    ctx: typer.Context,
+    ctx: ClickContext,
     out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/demo"),
     model: Annotated[str | None, typer.Option(help="Organism directory or shipped name "
                                                    "(retrieval-long, retrieval-2l; default: "
                                                    "retrieval-long), or a real model from "
                                                    "`locos models list` (its own demo: "
-                                                   "500 tokens, 6 needles).")] = None,
+                                                   "500 tokens, 8 needles).")] = None,
     length: Annotated[int, typer.Option(help="Prompt length in tokens (valid range: "
                                              "retrieval-long 512-2048, retrieval-2l up to "
                                              "128; at most the organism's context - 7: "
