@@ -58,7 +58,7 @@ from locos_tl.data import (
     load_needle_set,
 )
 from locos_tl.data.hub import load_tokenizer
-from locos_tl.task_metrics import score_nolima
+from locos_tl.task_metrics import nolima_contains, score_nolima
 
 MAX_NEW_TOKENS = 50
 FIELDS = ("trial_id", "entry_id", "test_id", "question_type", "reasoning_type", "character",
@@ -245,15 +245,30 @@ def decode_all(args: argparse.Namespace, directory: str, tok: Any, todo: list[An
                         no_cache=args.no_prefix_cache)
 
 
+def first_line_contains(df: pd.DataFrame) -> pd.Series:
+    """``contains`` on the response's first line only: the stop rule ends a response at
+    the bare newline token, which a model may never emit (Gemma-3 writes ``"\n\n"`` as
+    one token), and a run-on response can name the character in a later, invented
+    question and answer."""
+    return pd.Series([nolima_contains(str(r).split("\n")[0], [c])
+                      for r, c in zip(df["response"].fillna(""), df["character"],
+                                      strict=True)], index=df.index)
+
+
 def per_entry_table(df: pd.DataFrame) -> pd.DataFrame:
-    """Entry x question type accuracy (``contains``) and trial counts, plus an ``all`` row."""
-    acc = df.pivot_table(index="entry_id", columns="question_type", values="contains",
-                         aggfunc="mean")
+    """Entry x question type accuracy (``contains``; ``line1_``: on the first line of the
+    response) and trial counts, plus an ``all`` row."""
+    df = df.assign(line1=first_line_contains(df))
+    parts = []
+    for col, prefix in (("contains", "acc_"), ("line1", "line1_")):
+        acc = df.pivot_table(index="entry_id", columns="question_type", values=col,
+                             aggfunc="mean")
+        acc.loc["all"] = df.groupby("question_type")[col].mean()
+        parts.append(acc.round(3).add_prefix(prefix))
     cnt = df.pivot_table(index="entry_id", columns="question_type", values="contains",
                          aggfunc="count")
-    acc.loc["all"] = df.groupby("question_type")["contains"].mean()
     cnt.loc["all"] = df.groupby("question_type")["contains"].count()
-    out = acc.round(3).add_prefix("acc_").join(cnt.add_prefix("n_"))
+    out = parts[0].join(parts[1]).join(cnt.add_prefix("n_"))
     reasoning = df.groupby("entry_id")["reasoning_type"].first()
     out.insert(0, "reasoning_type", reasoning.reindex(out.index).fillna(""))
     return out

@@ -390,8 +390,10 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     summary: dict[str, Any] = {"model": args.model, "n_layers": L, "n_heads": H,
                                "preset": args.preset, "settings": vars(args)}
     for name, hs in scores.items():
-        summary.setdefault("top10", {})[name] = [lt.head_label(*h) for h in hs.top_k(10)]
         summary.setdefault("n_accepted", {})[name] = int(hs.n_trials)
+        if hs.n_trials:
+            summary.setdefault("top10", {})[name] = [lt.head_label(*h) for h in hs.top_k(10)]
+            hs.save(out / "heads" / name)  # head_scores.json, heads.json, scores.csv
     window = _sliding_layers(model)
     if window is not None:
         full = [l for l in range(L) if l not in window]
@@ -452,7 +454,7 @@ PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "detect/scores.csv", "detect/meta.json", "detect_niah/scores.csv",
              "patch/agreement_locos_cri.csv", "compress/accuracy.csv",
              "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
-             "detect/*/head_scores.json", "detect_niah/wu/head_scores.json",
+             "heads/*/head_scores.json", "heads/*/heads.json",
              "patch/scores.csv", "figures/*.png", "stages/*.done")
 
 

@@ -556,9 +556,9 @@ from locos_tl.rundir import load_head_scores
 
 RESULTS = Path("../docs/real_models/smollm2")
 summary = json.loads((RESULTS / "summary.json").read_text())
-locos = load_head_scores(RESULTS / "detect/locos/head_scores.json")
-wu = load_head_scores(RESULTS / "detect/wu/head_scores.json")          # Wu on the same trials
-wu_niah = load_head_scores(RESULTS / "detect_niah/wu/head_scores.json")  # Wu on NIAH
+locos = load_head_scores(RESULTS / "heads/locos/head_scores.json")
+wu = load_head_scores(RESULTS / "heads/wu/head_scores.json")          # Wu on the same trials
+wu_niah = load_head_scores(RESULTS / "heads/wu_niah/head_scores.json")  # Wu on NIAH
 print(f"{summary['model']}: {summary['n_layers']} layers x {summary['n_heads']} heads")
 print("accepted detection trials:", summary["n_accepted"])'''),
         new_markdown_cell("""\

@@ -146,7 +146,7 @@ def test_completion_template_prompts(entries, tok):
         assert len(t.tokens) == 400 and t.meta["template"] == "completion"
         assert t.prompt.startswith(pre)
         assert t.prompt.endswith(post.replace("{question}", t.meta["question"]))
-        assert t.prompt.endswith("\nAnswer: The character is")
+        assert t.prompt.endswith("\nAnswer: The character's name is")
         _check_needle(t, tok)
         # the needle sits inside the haystack part, before the question
         start = t.prompt.index(t.meta["needle"])
@@ -189,7 +189,7 @@ def test_cli_build_trials_everyday(tok, tmp_path):
     assert len(trials) == 8
     for t in trials:
         assert t.meta["entry_id"] in ids and t.meta["question_type"] == "onehop"
-        assert len(t.tokens) == 350 and t.prompt.endswith("Answer: The character is")
+        assert len(t.tokens) == 350 and t.prompt.endswith("Answer: The character's name is")
     meta = json.loads((tmp_path / "everyday.jsonl.meta.json").read_text())
     assert meta["args"]["needle_set"] == "everyday" and meta["args"]["template"] == "completion"
 
@@ -213,3 +213,20 @@ def test_shipped_haystack_has_no_names():
     assert 2300 <= len(text.split()) <= 3000
     names = {n for e in load_needle_set("everyday") for n in e.character_set}
     assert not [n for n in names if re.search(rf"\b{n}\b", text)]
+
+
+def test_shipped_files_are_package_data():
+    """A wheel carries the needle set and the haystack (pyproject package-data)."""
+    import tomllib
+    from fnmatch import fnmatch
+    from pathlib import Path
+
+    import locos_tl
+
+    root = Path(locos_tl.__file__).resolve().parents[1]
+    patterns = tomllib.loads((root / "pyproject.toml").read_text())["tool"]["setuptools"][
+        "package-data"]["locos_tl"]
+    pkg = Path(locos_tl.__file__).resolve().parent
+    for f in (*NEEDLE_SETS_DIR.glob("*.json"), DEFAULT_HAYSTACK):
+        rel = f.resolve().relative_to(pkg).as_posix()
+        assert any(fnmatch(rel, p) for p in patterns), rel

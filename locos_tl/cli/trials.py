@@ -72,7 +72,7 @@ def nolima(
     chat_template: ChatOpt = False,
     template: Annotated[str, typer.Option(
         help="Task template: default (each entry's own, chat-style) or completion (ends "
-             "'Answer: The character is', for base models; use with --no-chat-template)."
+             "'Answer: The character's name is', for base models; use with --no-chat-template)."
     )] = "default",
     seed: SeedOpt = 0,
 ) -> None:

@@ -40,7 +40,7 @@ DEFAULT_TASK_TEMPLATE = (
 #: where the answer, the character's name, starts. Select it with ``template="completion"``.
 COMPLETION_TASK_TEMPLATE = (
     "Read the following book snippet and answer the question after it.\n\n{haystack}\n\n"
-    "Question: {question}\nAnswer: The character is"
+    "Question: {question}\nAnswer: The character's name is"
 )
 #: Task templates selectable by name: ``default`` keeps each entry's own ``task_template``
 #: (NoLiMa's chat-style :data:`DEFAULT_TASK_TEMPLATE` when it has none).
