@@ -45,10 +45,13 @@ Memory figures (Linux ``/proc/self/status``; ``tracemalloc`` does not see torch)
   the twins and ``W_U`` share the model's tensors, tokenizer loads, the prefill's logits,
   KV-cache bytes and tensors left alive after scoring.
 
-Timings are the measured call's wall seconds with ``--threads`` torch threads (default
-1). They are taken only when the 1-minute load average is below ``--max-load`` (default
-2.5; the script waits up to ``--max-wait`` seconds in all); a timing taken after the
-wait ran out is marked ``under load`` in the table and the CSV.
+Timings are the measured call's wall seconds and its process CPU seconds
+(``time.process_time``, all threads) with ``--threads`` torch threads (default 1). With
+one thread the CPU seconds are the work itself and change little when other processes
+share the cores, while wall seconds grow with the load; the ratios use the fastest of
+``--time-reps`` runs. Timings are taken when the 1-minute load average is below
+``--max-load`` (default 2.5; the script waits up to ``--max-wait`` seconds in all); a
+timing taken after the wait ran out is marked ``under load`` in the table and the CSV.
 
 Results are appended per measurement to ``OUT/results.jsonl`` (rerunning skips finished
 measurements); the table is printed and written to ``docs/img/bench_real_smollm2.csv``,
@@ -180,12 +183,12 @@ def child(mode: str, n: int, setup_path: str) -> None:
     before = _status("VmRSS")
     _reset_peak()
     load1 = os.getloadavg()[0]
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     generated = run(ids_all)
-    wall = time.perf_counter() - t0
+    wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     call_peak = _status("VmHWM")
     print(json.dumps({
-        "mode": mode, "n": n, "wall_s": wall, "generated": generated,
+        "mode": mode, "n": n, "wall_s": wall, "cpu_s": cpu, "generated": generated,
         "peak_mb": max(load_peak, call_peak) - base, "call_mb": call_peak - before,
         "loaded_mb": before - base, "load1_before": load1,
         "load1_after": os.getloadavg()[0], "threads": torch.get_num_threads(),
@@ -280,9 +283,10 @@ def summarize(results: list[dict[str, Any]], lengths: list[int]) -> Any:
             timed = [r for r in rs if r["phase"] == "time"]
             quiet = [r for r in timed if r["quiet"]]
             best = min(quiet or timed, key=lambda r: r["wall_s"]) if timed else None
+            cpu = min((r["cpu_s"] for r in (quiet or timed)), default=float("nan"))
             rows.append({
                 "mode": mode, "tokens": n, "new_tokens": rs[0]["generated"],
-                "wall_s": best["wall_s"] if best else float("nan"),
+                "wall_s": best["wall_s"] if best else float("nan"), "cpu_s": cpu,
                 "timing": ("quiet" if quiet else "under load") if best else "none",
                 "load1_at_timing": best["load1_before"] if best else float("nan"),
                 "peak_mb": statistics.median(r["peak_mb"] for r in rs),
@@ -307,13 +311,16 @@ def ratios(df: Any) -> list[str]:
             if mode not in d.index:
                 continue
             m = d.loc[mode]
-            line = (f"{n}: {mode} / HF generate: time {m.wall_s / hf.wall_s:.2f}; peak "
+            line = (f"{n}: {mode} / HF generate: time {m.wall_s / hf.wall_s:.2f} wall, "
+                    f"{m.cpu_s / hf.cpu_s:.2f} CPU; peak "
                     f"memory {m.peak_live_mb / hf.peak_live_mb:.3f} live, "
                     f"{m.peak_mb / hf.peak_mb:.3f} glibc default (target <= 1.05); call "
                     f"memory {m.call_live_mb / hf.call_live_mb:.2f} live, "
                     f"{m.call_mb / hf.call_mb:.2f} default")
             if mode == "score" and "authors" in d.index:
-                line += f"; score / authors' time {m.wall_s / d.loc['authors'].wall_s:.2f}"
+                a = d.loc["authors"]
+                line += (f"; score / authors' time {m.wall_s / a.wall_s:.2f} wall, "
+                         f"{m.cpu_s / a.cpu_s:.2f} CPU")
             lines.append(line)
     return lines
 
@@ -325,14 +332,14 @@ def figure(df: Any, note: str) -> str:
     colors = {"hf_generate": "#4c72b0", "authors": "#dd8452", "score": "#55a868",
               "ablated": "#c44e52"}
     fig = make_subplots(rows=1, cols=3, subplot_titles=(
-        "wall time of the call (s)", "peak memory, live (MB)",
+        "CPU time of the call (s, 1 thread)", "peak memory, live (MB)",
         "peak memory, glibc default (MB; median, range)"))
     for mode in MODES:
         d = df[df["mode"] == mode]
         if d.empty:
             continue
         x = [f"{n} tokens" for n in d["tokens"]]
-        fig.add_bar(x=x, y=d["wall_s"], name=mode, marker_color=colors[mode],
+        fig.add_bar(x=x, y=d["cpu_s"], name=mode, marker_color=colors[mode],
                     legendgroup=mode, row=1, col=1)
         fig.add_bar(x=x, y=d["peak_live_mb"], name=mode, marker_color=colors[mode],
                     legendgroup=mode, showlegend=False, row=1, col=2)
@@ -529,7 +536,8 @@ def main() -> None:
         with res_path.open("a") as f:
             f.write(json.dumps(r) + "\n")
         results.append(r)
-        print(f"{phase:4s} {mode:12s} {n:5d}  wall {r['wall_s']:6.2f} s  peak "
+        print(f"{phase:4s} {mode:12s} {n:5d}  wall {r['wall_s']:6.2f} s  cpu "
+              f"{r['cpu_s']:6.2f} s  peak "
               f"{r['peak_mb']:6.0f} MB  call {r['call_mb']:5.0f} MB  new {r['generated']}  "
               f"load {r['load1_before']:.1f}", flush=True)
     df = summarize(results, lengths)
