@@ -288,7 +288,7 @@ def summarize(results: list[dict[str, Any]], lengths: list[int]) -> Any:
                 "mode": mode, "tokens": n, "new_tokens": rs[0]["generated"],
                 "wall_s": best["wall_s"] if best else float("nan"), "cpu_s": cpu,
                 "timing": ("quiet" if quiet else "under load") if best else "none",
-                "load1_at_timing": best["load1_before"] if best else float("nan"),
+                "load1_at_timing": best["load1_launch"] if best else float("nan"),
                 "peak_mb": statistics.median(r["peak_mb"] for r in rs),
                 "call_mb": statistics.median(r["call_mb"] for r in rs),
                 "peak_mb_min": min(r["peak_mb"] for r in rs),
@@ -527,19 +527,21 @@ def main() -> None:
         quiet = True
         if phase == "time":
             quiet = _wait_quiet(args.max_load, deadline)
+        load_launch = os.getloadavg()[0]
         r = _run_child(["--child", mode, str(n), str(out / "setup.json")], args.threads,
                        live=phase == "live")
         if isinstance(r, str):
             print(f"{phase} {mode} {n}: failed: {r}", flush=True)
             continue
-        r.update(phase=phase, rep=rep, quiet=bool(quiet and r["load1_before"] < args.max_load))
+        r.update(phase=phase, rep=rep, load1_launch=load_launch,
+                 quiet=bool(quiet and load_launch < args.max_load))
         with res_path.open("a") as f:
             f.write(json.dumps(r) + "\n")
         results.append(r)
         print(f"{phase:4s} {mode:12s} {n:5d}  wall {r['wall_s']:6.2f} s  cpu "
               f"{r['cpu_s']:6.2f} s  peak "
               f"{r['peak_mb']:6.0f} MB  call {r['call_mb']:5.0f} MB  new {r['generated']}  "
-              f"load {r['load1_before']:.1f}", flush=True)
+              f"load {load_launch:.1f}", flush=True)
     df = summarize(results, lengths)
     if df.empty:
         sys.exit("no measurements")

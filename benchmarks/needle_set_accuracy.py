@@ -23,11 +23,12 @@ The committed tables (``docs/real_models/needle_set_accuracy_*.csv``) were made 
     # final (other haystack and names, no tuning after it)
     python benchmarks/needle_set_accuracy.py --model smollm2-135m-instruct \\
         --haystack ../shared/data/haystack/mohicans_part1.txt --haystack-index 1 \\
-        --depths 10,50,90 --out runs/needles/smollm2_final.csv \\
+        --depths 10,50,90 --rotate-depths --out runs/needles/smollm2_final.csv \\
         --table docs/real_models/needle_set_accuracy_smollm2.csv
     python benchmarks/needle_set_accuracy.py --model gemma-3-270m --template completion \\
         --no-chat-template --haystack ../shared/data/haystack/mohicans_part1.txt \\
-        --haystack-index 1 --depths 10,50,90 --out runs/needles/gemma3_final.csv \\
+        --haystack-index 1 --depths 10,50,90 --rotate-depths \\
+        --out runs/needles/gemma3_final.csv \\
         --table docs/real_models/needle_set_accuracy_gemma3.csv
 
 ``--haystack-index`` enters NoLiMa's seed rule ``42 + id + index``, so the two runs draw
