@@ -15,11 +15,9 @@ question type: accuracy by ``contains``, and the number of trials).
 
 The committed tables (``docs/real_models/needle_set_accuracy_*.csv``) were made with::
 
-    # development (needle wording was tuned on these only)
-    python benchmarks/needle_set_accuracy.py --model smollm2-135m-instruct \\
-        --haystack ../shared/data/haystack/dracula_part1.txt --haystack-index 0 \\
-        --depths 25,75 --out runs/needles/smollm2_dev.csv \\
-        --table docs/real_models/needle_set_accuracy_smollm2_dev.csv
+    # development (needle_set_accuracy_smollm2_dev.csv): runs on the shipped prose
+    # haystack (locos_tl/data/haystacks/everyday_prose.txt) while the needles were
+    # written, one test per entry and question type; the wording was tuned on these only
     # final (other haystack and names, no tuning after it)
     python benchmarks/needle_set_accuracy.py --model smollm2-135m-instruct \\
         --haystack ../shared/data/haystack/mohicans_part1.txt --haystack-index 1 \\
