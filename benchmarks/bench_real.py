@@ -354,19 +354,10 @@ def figure(df: Any, note: str) -> str:
     FIG.parent.mkdir(parents=True, exist_ok=True)
     fig.write_html(str(FIG) + ".html", include_plotlyjs="cdn")
     written = [f"{FIG}.html"]
-    png = Path(str(FIG) + ".png")
-    try:
-        fig.write_image(str(png), width=1200, height=440)
-        written.append(f"{png} (kaleido)")
-    except Exception:  # noqa: BLE001 - no kaleido: try the docs' Chromium renderer
-        try:
-            sys.path.insert(0, str(ROOT / "docs" / "scripts"))
-            from render_figures import render
+    sys.path.insert(0, str(ROOT / "docs" / "scripts"))
+    from render_figures import save_png
 
-            render({png.stem: fig}, png.parent)
-            written.append(f"{png} (headless Chromium)")
-        except Exception as exc:  # noqa: BLE001 - no exporter: the HTML is the figure
-            written.append(f"no PNG: neither kaleido nor headless Chromium worked ({exc})")
+    written.append(save_png(fig, Path(str(FIG) + ".png"), width=1200, height=440))
     return "; ".join(written)
 
 

@@ -62,6 +62,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                 methods="locos,wu_niah,wu_nolima", fractions="0.1,0.2,0.5"),
 }
 DETECT_SEED, EVAL_SEED = 101, 202
+#: (retrieval, control) metric pairs of the reported DS(k): the paper's, and "contains"
+DS_METRICS = (("rougeL", "exact_match"), ("contains", "contains"))
 DETECT_DEPTHS = (10, 30, 50, 70, 90)
 EVAL_DEPTHS = (0, 25, 50, 75, 100)
 
@@ -415,17 +417,26 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
         _write(fig, figs / f"ablation_{qtype}_{length}")
         for control in ("parametric", "arithmetic"):
             c = out / "ablate" / f"control_{control}" / "evaluation.csv"
-            if c.exists():
-                ds = dissociation_score(ev, pd.read_csv(c))
+            if not c.exists():
+                continue
+            # the paper's metrics (ROUGE-L F / exact match), and "contains" on both
+            # sides: a chat model that answers in a sentence scores exact match 0
+            for r_metric, c_metric in DS_METRICS:
+                ds = dissociation_score(ev, pd.read_csv(c), retrieval_metric=r_metric,
+                                        control_metric=c_metric)
                 ds["question"], ds["control"] = qtype, control
+                ds["retrieval_metric"], ds["control_metric"] = r_metric, c_metric
                 ds_rows.append(ds)
     if ds_rows:
         ds = pd.concat(ds_rows, ignore_index=True)
         ds.to_csv(out / "dissociation.csv", index=False)
-        sub = ds[(ds["question"] == "onehop") & (ds["control"] == "parametric")]
-        if not sub.empty:
-            _write(lt.plot.dissociation(sub, title=f"{args.model}: DS(k), onehop vs "
-                                        "parametric"), figs / "dissociation")
+        for qtype in _questions(args):
+            sub = ds[(ds["question"] == qtype) & (ds["control"] == "parametric")
+                     & (ds["retrieval_metric"] == "contains")]
+            if not sub.empty and sub["ds"].notna().any():
+                _write(lt.plot.dissociation(sub, title=f"{args.model}: DS(k), {qtype} vs "
+                                            "parametric (contains)"),
+                       figs / f"dissociation_{qtype}")
     for name in ("locos", "wu", "wu_niah"):
         if name in scores and scores[name].n_trials:
             _write(lt.plot.head_heatmap(scores[name], title=f"{args.model}: {name}"),
@@ -478,11 +489,14 @@ def _sliding_layers(model: Any) -> set[int] | None:
 
 
 def _write(fig: Any, stem: Path) -> None:
+    """``stem.html`` and ``stem.png`` (kaleido or headless Chromium; HTML only if neither)."""
+    import sys
+
     fig.write_html(str(stem) + ".html", include_plotlyjs="cdn")
-    try:
-        fig.write_image(str(stem) + ".png", width=900, height=500, scale=1)
-    except Exception:  # noqa: BLE001 - kaleido missing: the HTML is the figure
-        pass
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "scripts"))
+    from render_figures import save_png
+
+    print(save_png(fig, Path(str(stem) + ".png")))  # noqa: T201
 
 
 # ----------------------------------------------------------------------------- main

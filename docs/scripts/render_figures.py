@@ -153,6 +153,22 @@ def render(figs: dict[str, Any], out: Path = IMG) -> list[Path]:
     return written
 
 
+def save_png(fig: Any, png: Path, width: int = 900, height: int = 500) -> str:
+    """Write ``fig`` as ``png``: kaleido when installed, else headless Chromium
+    (:func:`render`). Returns what was written, or why no PNG was (the HTML stays the
+    figure); never raises."""
+    try:
+        fig.write_image(str(png), width=width, height=height)
+        return f"{png} (kaleido)"
+    except Exception:  # noqa: BLE001 - no kaleido: the Chromium renderer
+        SIZES.setdefault(png.stem, (width, height))
+        try:
+            render({png.stem: fig}, png.parent)
+            return f"{png} (headless Chromium)"
+        except Exception as exc:  # noqa: BLE001 - no exporter at all
+            return f"no PNG: neither kaleido nor headless Chromium worked ({exc})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tiny", action="store_true", help="use a tiny random model")
