@@ -465,6 +465,7 @@ PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "detect/scores.csv", "detect/meta.json", "detect_niah/scores.csv",
              "patch/agreement_locos_cri.csv", "compress/accuracy.csv",
              "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
+             "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
              "heads/*/head_scores.json", "heads/*/heads.json",
              "patch/scores.csv", "figures/*.png", "stages/*.done")
 
