@@ -3,11 +3,12 @@
 Stages (each writes under ``--out`` and is skipped or resumed when rerun):
 
 1. ``trials``: detection and evaluation trials from the shipped ``everyday`` needle set,
-   kept disjoint: detection uses the first haystack (*Dracula*), the even-indexed names of
-   every entry's character set and seed 101; evaluation uses the other two books
-   (*The Last of the Mohicans*), the odd-indexed names and seed 202. NIAH trials (the
-   Wu et al. probes) on the detection book for "Wu on NIAH". Parametric and arithmetic
-   control trials (the specificity controls).
+   kept disjoint: detection uses ``--detect-haystack`` (default: the prose haystack
+   shipped with locos_tl, which names no people; ``dracula`` for the shared book), the
+   even-indexed names of every entry's character set and seed 101; evaluation uses
+   *The Last of the Mohicans* (both parts), the odd-indexed names and seed 202. NIAH
+   trials (the Wu et al. probes) on the detection haystack for "Wu on NIAH". Parametric
+   and arithmetic control trials (the specificity controls).
 2. ``detect``: LOCOS, Wu, attention-spatial, HeadKV and DLA in one decode pass over the
    non-literal (``onehop``) detection trials; Wu again on NIAH.
 3. ``calibrate``: query means of every head over 50 raw-text prompts (the paper's
@@ -54,12 +55,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                  methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
                  fractions="0.05,0.1,0.2,0.5,1.0", ks="1,5,10,20,50",
                  questions="onehop,direct"),
-    # what a loaded 2-core CPU affords in one session (the committed SmolLM2 results,
-    # about 100 ablated generations): the headline cell only (k = 50, LOCOS / Wu / one
-    # random seed, non-literal questions), with fewer trials
-    "cpu": dict(n_detect=20, n_eval=12, n_niah=6, n_control=12, n_cri=2, n_compress=8,
-                eval_lengths="1000", random_seeds="0", ks="50", questions="onehop",
-                methods="locos,wu_niah,wu_nolima", fractions="0.1,0.2,0.5"),
+    # what a 2-core CPU affords in one session (the committed results: SmolLM2 about 740
+    # ablated generations, 7 s each with one thread): the k sweep on the literal
+    # (direct) questions, where these small models retrieve; the non-literal headline
+    # cell is an extra run (docs/real_models.md, "Reproduce")
+    "cpu": dict(n_detect=60, n_eval=20, n_niah=12, n_control=12, n_cri=1, n_compress=8,
+                eval_lengths="1000", random_seeds="0,1,2", ks="1,5,10,20,50",
+                questions="direct", methods="locos,wu_niah,wu_nolima",
+                fractions="0.1,0.2,0.5"),
 }
 DETECT_SEED, EVAL_SEED = 101, 202
 #: (retrieval, control) metric pairs of the reported DS(k): the paper's, and "contains"
@@ -512,7 +515,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="folder with haystack/*.txt and niah_needles.jsonl")
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--detect-length", type=int, default=1000)
-    ap.add_argument("--detect-haystack", default="dracula",
+    ap.add_argument("--detect-haystack", default="prose",
                     help="detection book: dracula (shared), prose (shipped, no named "
                          "people) or a text file; evaluation always uses Mohicans")
     ap.add_argument("--max-new-tokens", type=int, default=16,
