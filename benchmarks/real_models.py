@@ -239,11 +239,15 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
             trials = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
             lt.evaluate(model, trials, head_sets, scorer="nolima",
                         out_dir=out / "ablate" / f"{qtype}_{length}", **common)
-    for control in ("parametric", "arithmetic"):
-        trials = _load(out / "trials" / f"control_{control}.jsonl")
+    # the controls may run a subset of the (k, seed) grid (``--control-ks``,
+    # ``--control-seeds``): DS(k) is reported where both sides exist
+    control = {**common, "max_new_tokens": 16,
+               "k": _ints(args.control_ks or args.ks),
+               "seeds": _ints(args.control_seeds or args.random_seeds)}
+    for name in ("parametric", "arithmetic"):
+        trials = _load(out / "trials" / f"control_{name}.jsonl")
         lt.evaluate(model, trials, head_sets, scorer="control",
-                    out_dir=out / "ablate" / f"control_{control}",
-                    **{**common, "max_new_tokens": 16})
+                    out_dir=out / "ablate" / f"control_{name}", **control)
 
 
 def per_trial_frame(run: Path, trials: list[Any], scorer: str) -> pd.DataFrame:
@@ -521,6 +525,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=16,
                     help="greedy budget when scoring (answers are a name or a sentence)")
     ap.add_argument("--eval-max-new-tokens", type=int, default=16)
+    ap.add_argument("--control-ks", default=None,
+                    help="k values of the control runs (default: --ks)")
+    ap.add_argument("--control-seeds", default=None,
+                    help="random seeds of the control runs (default: --random-seeds)")
     ap.add_argument("--n-calibration", type=int, default=50)
     ap.add_argument("--calibration-chars", type=int, default=4000)
     ap.add_argument("--calibration-tokens", type=int, default=1000)
