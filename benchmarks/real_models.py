@@ -314,8 +314,13 @@ def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any
         return None
     cri = lt.patch_heads(model, subset, out_dir=out / "patch",
                          max_new_tokens=args.max_new_tokens)
-    agree = lt.compare_rankings(scores["locos"], cri, ks=(10, 20, 50))
-    agree.to_csv(out / "patch" / "agreement_locos_cri.csv", index=False)
+    cri.save(out / "heads" / "cri")
+    n = int(model.cfg.n_layers) * int(model.cfg.n_heads)
+    ks = tuple(k for k in (5, 10, 20, 50) if k <= n)
+    for name in ("locos", "wu", "dla", "attention_spatial", "headkv"):
+        if name in scores and scores[name].n_trials:
+            agree = lt.compare_rankings(scores[name], cri, ks=ks)
+            agree.to_csv(out / "patch" / f"agreement_{name}_cri.csv", index=False)
     return cri
 
 
@@ -451,9 +456,10 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     valid = [scores[m] for m in ("locos", "wu_niah", "wu") if m in scores
              and scores[m].n_trials]
     _write(lt.plot.layer_distribution(valid, k=min(20, L * H)), figs / "layer_distribution")
-    agree = out / "patch" / "agreement_locos_cri.csv"
-    if agree.exists():
-        summary["locos_vs_cri"] = pd.read_csv(agree).to_dict(orient="records")
+    for agree in sorted((out / "patch").glob("agreement_*_cri.csv")):
+        name = agree.stem.removeprefix("agreement_").removesuffix("_cri")
+        summary.setdefault("vs_cri", {})[name] = (
+            pd.read_csv(agree).iloc[0].to_dict())  # the "all heads" bucket
     comp = out / "compress" / "compression.csv"
     if comp.exists():
         df = pd.read_csv(comp)
@@ -470,7 +476,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
 #: the small result files copied into the docs (``--publish``); the run keeps the rest
 PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "detect/scores.csv", "detect/meta.json", "detect_niah/scores.csv",
-             "patch/agreement_locos_cri.csv", "compress/accuracy.csv",
+             "patch/agreement_*_cri.csv", "compress/accuracy.csv",
              "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
              "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
              "heads/*/head_scores.json", "heads/*/heads.json",
