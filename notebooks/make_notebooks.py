@@ -592,8 +592,9 @@ ev = runs.get("direct_1000")
  if ev is not None else print("no direct-question run stored"))'''),
         new_code_cell('''\
 # every (ranking, k) cell with its interval; random is one row per seed
-(ev[ev.metric == "contains"][["method", "k", "seed", "value", "ci_low", "ci_high", "n_trials"]]
- .round(3).to_string(index=False) if ev is not None else None)'''),
+if ev is not None:
+    cols = ["method", "k", "seed", "value", "ci_low", "ci_high", "n_trials"]
+    print(ev[ev.metric == "contains"][cols].round(3).to_string(index=False))'''),
         new_markdown_cell("""\
 ## Dissociation: retrieval against parametric recall and arithmetic
 
