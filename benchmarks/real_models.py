@@ -507,7 +507,9 @@ def _write(fig: Any, stem: Path) -> None:
     import sys
 
     fig.write_html(str(stem) + ".html", include_plotlyjs="cdn")
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "scripts"))
+    scripts = str(Path(__file__).resolve().parents[1] / "docs" / "scripts")
+    if scripts not in sys.path:  # once, not once per figure
+        sys.path.insert(0, scripts)
     from render_figures import save_png
 
     print(save_png(fig, Path(str(stem) + ".png")))  # noqa: T201
