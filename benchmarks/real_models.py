@@ -480,7 +480,7 @@ PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
              "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
              "heads/*/head_scores.json", "heads/*/heads.json",
-             "patch/scores.csv", "figures/*.png", "stages/*.done")
+             "figures/*.png", "stages/*.done")  # CRI: heads/cri
 
 
 def publish(out: Path, dest: Path) -> None:
