@@ -475,7 +475,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
 
 #: the small result files copied into the docs (``--publish``); the run keeps the rest
 PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
-             "detect/scores.csv", "detect/meta.json", "detect_niah/scores.csv",
+             "detect/meta.json",
              "patch/agreement_*_cri.csv", "compress/accuracy.csv",
              "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
              "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
