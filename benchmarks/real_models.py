@@ -27,6 +27,12 @@ type; meant for a GPU); ``cpu`` is the reduced size this repository's committed 
 were measured at on a 2-core CPU (printed in ``summary.json``). Every option can be set
 alone. Nothing is tuned on the evaluation trials: needles, seeds and k are fixed here.
 
+Growing a run: the trial samples nest (the 20 trials of ``--n-eval 20`` are among the 40
+of ``--n-eval 40``), the trials stage rebuilds its files when a size option changes, and
+the ablation stage extends its run directories (``evaluate(..., extend=True)``), so a
+larger ``--n-eval`` reruns only the new trials. ``--workers N`` spreads the ablated
+generations over N Ray actors (identical results).
+
 Usage::
 
     python benchmarks/real_models.py --model smollm2-135m-instruct --out runs/real/smollm2
@@ -55,13 +61,14 @@ PRESETS: dict[str, dict[str, Any]] = {
                  methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
                  fractions="0.05,0.1,0.2,0.5,1.0", ks="1,5,10,20,50",
                  questions="onehop,direct"),
-    # what a 2-core CPU affords in one session (the committed results: SmolLM2 about 740
-    # ablated generations, 7 s each with one thread): the k sweep on the literal
-    # (direct) questions, where these small models retrieve; the non-literal headline
-    # cell is an extra run (docs/real_models.md, "Reproduce")
-    "cpu": dict(n_detect=60, n_eval=20, n_niah=12, n_control=12, n_cri=1, n_compress=8,
+    # what a 2-core CPU affords (the committed SmolLM2 results, grown over two sessions
+    # with --workers 2: about 2,000 ablated generations): the k sweep of every ranking
+    # on the literal (direct) questions, where these small models retrieve; the
+    # non-literal headline cell is an extra run (docs/real_models.md, "Reproduce")
+    "cpu": dict(n_detect=60, n_eval=40, n_niah=12, n_control=12, n_cri=1, n_compress=8,
                 eval_lengths="1000", random_seeds="0,1,2", ks="1,5,10,20,50",
-                questions="direct", methods="locos,wu_niah,wu_nolima",
+                questions="direct",
+                methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
                 fractions="0.1,0.2,0.5"),
 }
 DETECT_SEED, EVAL_SEED = 101, 202
@@ -158,7 +165,37 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     step = max(1, len(text) // args.n_calibration)
     prompts = [text[i * step:i * step + args.calibration_chars]
                for i in range(args.n_calibration)]
-    (out / "trials" / "calibration.json").write_text(json.dumps(prompts))
+    cal = out / "trials" / "calibration.json"
+    if cal.exists() and json.loads(cal.read_text()) != prompts:
+        (out / "means.safetensors").unlink(missing_ok=True)  # other prompts: recalibrate
+    cal.write_text(json.dumps(prompts))
+
+
+#: the options the trial files depend on (a change rebuilds them; the samples nest, so a
+#: larger ``--n-eval`` keeps every finished generation of the smaller one)
+TRIAL_OPTIONS = ("needle_set", "template", "data_dir", "detect_length", "detect_haystack",
+                 "n_detect", "n_eval", "n_niah", "n_control", "eval_lengths",
+                 "n_calibration", "calibration_chars")
+
+
+def _trial_sizes(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in TRIAL_OPTIONS}
+
+
+def _trials_changed(out: Path, args: argparse.Namespace) -> bool:
+    """True when the trial files are missing or were built with other options."""
+    done = out / "stages" / "trials.done"
+    if not done.exists():
+        return True
+    old = json.loads(done.read_text()).get("sizes")
+    if old is None:  # a run from before sizes were recorded: rebuild (deterministic)
+        return True
+    new = _trial_sizes(args)
+    if old != new:
+        changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+        print(f"trials: rebuilt for changed options {changed}")  # noqa: T201
+        return True
+    return False
 
 
 def _detect_haystack(args: argparse.Namespace, books: Path) -> Path:
@@ -233,7 +270,8 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     head_sets = rankings_for_ablation(scores, args.methods)
     ks = _ints(args.ks)
     common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
-                  bottom="locos", max_new_tokens=args.eval_max_new_tokens)
+                  bottom="locos", max_new_tokens=args.eval_max_new_tokens,
+                  workers=args.workers, extend=True)  # --n-eval may grow (nested)
     for length in _ints(args.eval_lengths):
         for qtype in _questions(args):
             trials = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
@@ -541,6 +579,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--calibration-chars", type=int, default=4000)
     ap.add_argument("--calibration-tokens", type=int, default=1000)
     ap.add_argument("--batch-size", type=int, default=1)
+    ap.add_argument("--workers", type=int, default=1,
+                    help="ablation stage: spread the generations over this many Ray "
+                         "actors (one CPU core or GPU each; identical results)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default=None)
     ap.add_argument("--publish", default=None,
@@ -578,7 +619,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         t0 = time.perf_counter()
         if stage == "trials":
-            if not _stage_done(out, "trials"):
+            if _trials_changed(out, args):
                 build_trials(model, args, out)
         elif stage == "detect":
             scores = detect(model, args, out)
@@ -597,7 +638,10 @@ def main(argv: list[str] | None = None) -> int:
             elif stage == "report":
                 report(model, args, out, scores)
         timings[stage] = round(time.perf_counter() - t0, 1)
-        _mark(out, stage, {"seconds": timings[stage]})
+        info: dict[str, Any] = {"seconds": timings[stage]}
+        if stage == "trials":
+            info["sizes"] = _trial_sizes(args)
+        _mark(out, stage, info)
         print(f"[{stage}] {timings[stage]} s", flush=True)  # noqa: T201
     return 0
 

@@ -179,6 +179,7 @@ def evaluate(
     workers: int = 1,
     ray_address: str | None = None,
     on_resume: Callable[[int, int], None] | None = None,
+    extend: bool = False,
     **distributed_kwargs: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
@@ -228,6 +229,9 @@ def evaluate(
         on_resume: with ``out_dir``, called once before any generation as
             ``on_resume(n_reused, n_generations)``: how many finished generations the
             run reuses (its own reuse rule; ``locos ablate`` prints it).
+        extend: let ``out_dir`` hold a run over a subset of ``trials`` (grow a run from
+            20 to 60 trials keeping the 20 finished ones); a run over trials outside
+            ``trials`` is still refused. ``meta.json`` then describes the larger run.
         **distributed_kwargs: more options of the distributed run (``pool``,
             ``load_kwargs``, ``num_gpus_per_worker``, ...).
 
@@ -244,7 +248,8 @@ def evaluate(
             silently).
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
             non-Trial; a trial does not fit the model.
-        LocosError: ``out_dir`` holds a run made with other settings.
+        LocosError: ``out_dir`` holds a run made with other settings or over another
+            trial set (with ``extend``: over a trial that is not in ``trials``).
     """
     mode = check_mode(mode)
     if mode.endswith("_mean") and means is None:
@@ -286,7 +291,9 @@ def evaluate(
         "n_trials": len(trials), "trial_set_hash": trial_set_hash(trials),
         "head_sets": {j.key: [list(h) for h in j.heads] for j in jobs},
     }
-    store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
+    store = (RecordStore(out_dir, settings, RESUME_KEYS, trial_field="trial",
+                         extend_to={t.trial_id for t in trials} if extend else None)
+             if out_dir is not None else None)
     meta = provenance(model, settings)
     if store is not None:
         store.write_meta(meta)

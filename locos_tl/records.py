@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -45,14 +45,22 @@ class RecordStore:
             settings (``check_keys``) or over another trial set (``trial_set_hash``,
             always checked when both runs record it) is refused rather than mixed.
         check_keys: which settings must match for resuming.
+        extend_to: the trial ids of the run now (opt-in growth): a directory over
+            another trial set is taken over when every trial its records name
+            (``trial_field``) is among these, so a run grows from 20 to 60 trials
+            keeping its 20; records are per trial, so nothing is mixed.
+        trial_field: the record field naming its trial (for ``extend_to``).
 
     Raises:
         LocosError: ``out_dir`` holds a run with different settings or another trial
-            set (the message names both trial-set hashes and the way out).
+            set (the message names both trial-set hashes and the way out); with
+            ``extend_to``, records over a trial that is not in it (named).
     """
 
     def __init__(self, out_dir: str | Path, settings: dict[str, Any],
-                 check_keys: Iterable[str] = ()) -> None:
+                 check_keys: Iterable[str] = (), *,
+                 extend_to: Collection[str] | None = None,
+                 trial_field: str = "trial_id") -> None:
         self.dir = Path(out_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / RECORDS_FILE
@@ -63,7 +71,8 @@ class RecordStore:
                        f"delete {self.dir} to start this one over")
             new_hash = settings.get(TRIAL_SET_KEY)
             if old.get(TRIAL_SET_KEY) is not None and new_hash is not None \
-                    and old[TRIAL_SET_KEY] != new_hash:
+                    and old[TRIAL_SET_KEY] != new_hash \
+                    and not self._extends(extend_to, trial_field):
                 raise LocosError(
                     f"{self.dir} holds a run over another trial set (trial-set hash "
                     f"{old[TRIAL_SET_KEY]}, {old.get('n_trials', '?')} trials) than the "
@@ -77,6 +86,20 @@ class RecordStore:
                     f"{self.dir} holds a run with other settings ({detail}); {way_out}"
                 )
         self.records: dict[str, dict[str, Any]] = read_records(self.dir)
+
+    def _extends(self, new_ids: Collection[str] | None, field: str) -> bool:
+        """Whether the stored records all lie in ``new_ids`` (``extend_to``)."""
+        if new_ids is None:
+            return False
+        wanted = set(new_ids)
+        outside = sorted({str(r.get(field)) for r in read_records(self.dir).values()
+                          if r.get(field) not in wanted})
+        if outside:
+            raise LocosError(
+                f"{self.dir} cannot be extended to the trials given: its records cover "
+                f"{len(outside)} trial(s) that are not among them (e.g. {outside[0]}); "
+                f"use a new --out directory, or delete {self.dir}")
+        return True
 
     def __contains__(self, trial_id: str) -> bool:
         return trial_id in self.records

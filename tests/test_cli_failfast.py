@@ -165,6 +165,39 @@ def test_ctrl_c_during_ablate_says_how_to_resume(monkeypatch, tiny_dirs, trials_
     assert len(pd.read_csv(tmp_path / "abl" / "evaluation.csv")) > 0
 
 
+def test_ablate_extend_grows_a_run(tiny_dirs, own_answer_trials, tmp_path):
+    """`--extend` keeps a run's generations over a subset of the trials; without it the
+    larger trial set is refused, and a set that drops a finished trial is refused even
+    with it."""
+    HeadScores("locos", torch.randn(3, 2, 4, generator=torch.Generator().manual_seed(0))
+               ).save(tmp_path / "locos")
+    small = save_trials(own_answer_trials[:2], tmp_path / "small.jsonl")
+    full = save_trials(own_answer_trials, tmp_path / "full.jsonl")
+    other = save_trials(own_answer_trials[1:], tmp_path / "other.jsonl")
+    run, ref = tmp_path / "abl", tmp_path / "ref"
+    args = ["ablate", "--model", str(tiny_dirs["qwen3"]), "--heads", str(tmp_path / "locos"),
+            "--k", "1", "--mode", "query_zero", "--no-random", "--bottom", "none",
+            "--max-new-tokens", "4"]
+    assert runner.invoke(app, [*args, "--trials", str(small), "--out", str(run)]).exit_code == 0
+    records = run / "trials.jsonl"
+    n_small = len(records.read_text().splitlines())
+    assert n_small == 2 * 2  # baseline + locos-1, two trials
+    refused = runner.invoke(app, [*args, "--trials", str(full), "--out", str(run)])
+    assert refused.exit_code == 2 and "another trial set" in " ".join(refused.output.split())
+    dropped = runner.invoke(app, [*args, "--trials", str(other), "--out", str(run), "--extend"])
+    assert dropped.exit_code == 2 and "cannot be extended" in " ".join(dropped.output.split())
+    assert len(records.read_text().splitlines()) == n_small  # nothing written
+    grown = runner.invoke(app, [*args, "--trials", str(full), "--out", str(run), "--extend"])
+    assert grown.exit_code == 0, grown.output
+    assert f"skipping {n_small} finished generations" in grown.output
+    n_new = 2 * (len(own_answer_trials) - 2)
+    assert len(records.read_text().splitlines()) == n_small + n_new
+    fresh = runner.invoke(app, [*args, "--trials", str(full), "--out", str(ref)])
+    assert fresh.exit_code == 0, fresh.output
+    pd.testing.assert_frame_equal(pd.read_csv(run / "evaluation.csv"),
+                                  pd.read_csv(ref / "evaluation.csv"))
+
+
 def test_figures_share_one_plotly_js(tmp_path):
     """Run-level and per-method figures load one offline plotly.min.js by relative path."""
     from plotly.offline import get_plotlyjs

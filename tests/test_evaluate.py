@@ -118,6 +118,40 @@ def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatc
     pd.testing.assert_frame_equal(df, again)
 
 
+def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
+                                                             monkeypatch) -> None:
+    from locos_tl.errors import LocosError
+
+    model, trials = planted
+    kw = dict(k=(1,), mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
+              progress=False)
+    sets = {"locos": [PLANTED], "other": [(0, 0)]}
+    fresh = evaluate(model, trials, sets, **kw)  # no run directory: the reference
+    run = tmp_path / "run"
+    evaluate(model, trials[:1], sets, out_dir=run, **kw)
+    first = (run / "trials.jsonl").read_text()
+    with pytest.raises(LocosError, match="another trial set"):  # growth is opt-in
+        evaluate(model, trials, sets, out_dir=run, **kw)
+    with pytest.raises(LocosError, match="cannot be extended"):  # trial 0 is not given
+        evaluate(model, trials[1:], sets, out_dir=run, extend=True, **kw)
+    assert (run / "trials.jsonl").read_text() == first  # nothing written by either
+
+    calls = []
+    real = sys.modules["locos_tl.evaluate"].greedy_decode
+
+    def counting(m, tokens, **k):
+        calls.append(tuple(tokens))
+        return real(m, tokens, **k)
+
+    monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode", counting)
+    grown = evaluate(model, trials, sets, out_dir=run, extend=True, **kw)
+    n_sets = len({json.loads(x)["heads_key"] for x in first.splitlines()})
+    assert len(calls) == n_sets and set(calls) == {tuple(trials[1].tokens)}  # only new
+    pd.testing.assert_frame_equal(grown, fresh)
+    assert set(grown["n_trials"]) == {2}
+    assert json.loads((run / "meta.json").read_text())["settings"]["n_trials"] == 2
+
+
 def test_query_zero_on_planted_head_breaks_retrieval(planted) -> None:
     model, trials = planted
     df = evaluate(model, trials[:1], {"locos": [PLANTED]}, k=(1,), mode="query_zero",

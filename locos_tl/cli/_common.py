@@ -300,11 +300,14 @@ def trials_after_load(path: Path, bridge: Any, early: list[Any] | None) -> list[
 
 
 def check_run_dir(out: Path, trials: Sequence[Any], settings: dict[str, Any],
-                  keys: Iterable[str]) -> dict[str, Any] | None:
+                  keys: Iterable[str], *, extend_field: str | None = None
+                  ) -> dict[str, Any] | None:
     """Refuse, before anything is loaded or written, a run directory ``out`` that holds
     a run over other trials or with other ``settings`` (the rule of
     :class:`locos_tl.records.RecordStore`, reading only). A setting given as None is
-    not known yet and not compared (the loaded run checks it again).
+    not known yet and not compared (the loaded run checks it again). With
+    ``extend_field`` (the record field naming a trial), a run over a subset of
+    ``trials`` is accepted: it grows (``RecordStore(extend_to=...)``).
 
     Returns:
         The settings recorded in ``out`` (None: no run there yet).
@@ -326,7 +329,9 @@ def check_run_dir(out: Path, trials: Sequence[Any], settings: dict[str, Any],
         raise LocosError(f"{out}/{META_FILE} is not valid JSON: use a new --out") from None
     known = {k: v for k, v in settings.items() if v is not None}
     new = dict(known, n_trials=len(trials), trial_set_hash=trial_set_hash(trials))
-    RecordStore(out, new, [k for k in keys if k in known])  # raises on a mismatch
+    extend = None if extend_field is None else {t.trial_id for t in trials}
+    RecordStore(out, new, [k for k in keys if k in known], extend_to=extend,
+                trial_field=extend_field or "trial_id")  # raises on a mismatch
     return old
 
 

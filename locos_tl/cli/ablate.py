@@ -161,16 +161,20 @@ def check_head_sets(head_sets: dict[str, Any], k: list[int] | None,
         parse_ks(k, n_total=dims[0] * dims[1], what="--k")
 
 
-def check_resume(out: Path, trials: list[Any], settings: dict[str, Any]) -> dict[str, Any] | None:
+def check_resume(out: Path, trials: list[Any], settings: dict[str, Any],
+                 extend: bool = False) -> dict[str, Any] | None:
     """The settings recorded in the run directory ``out`` (None: no run there yet),
     after refusing a run over another trial set or with other ``settings`` (every key
     compared; None: not known yet), before anything is written
-    (:func:`locos_tl.cli._common.check_run_dir`).
+    (:func:`locos_tl.cli._common.check_run_dir`). ``extend`` (``--extend``): a run over
+    a subset of ``trials`` is accepted and grows.
 
     Raises:
-        LocosError: ``out`` holds a run over another trial set or with other settings.
+        LocosError: ``out`` holds a run over another trial set (with ``extend``: over a
+            trial not in ``trials``) or with other settings.
     """
-    return check_run_dir(out, trials, settings, list(settings))
+    return check_run_dir(out, trials, settings, list(settings),
+                         extend_field="trial" if extend else None)
 
 
 def load_means(path: Path, model: str) -> Any:
@@ -297,6 +301,10 @@ def ablate(
                                               "pip install \"locos_tl[ray]\".", min=1)] = 1,
     ray_address: Annotated[str | None, typer.Option(help="Running Ray cluster; default: a "
                                                          "local cluster for the run.")] = None,
+    extend: Annotated[bool, typer.Option(
+        "--extend", help="Grow a run: --out may hold a run over a subset of these trials "
+                         "(and --control's); its generations are kept, only the new "
+                         "trials run.")] = False,
 ) -> None:
     """Ablate each ranking's top-k heads and score the answers (docs/concepts.md)."""
     from locos_tl.ablation import ABLATION_MODES, AblationMeans, calibrate_means
@@ -345,10 +353,11 @@ def ablate(
             if control_list is not None and control_max_new_tokens is None:
                 echo = all((t.meta or {}).get("control") == "echo" for t in control_list)
                 control_max_new_tokens = 1 if echo else max_new_tokens
-            old = check_resume(out, trial_list, run_settings)
+            old = check_resume(out, trial_list, run_settings, extend)
             if control_list is not None:
                 check_resume(out / "control", control_list,
-                             dict(run_settings, max_new_tokens=control_max_new_tokens))
+                             dict(run_settings, max_new_tokens=control_max_new_tokens),
+                             extend)
             check_means_hash(out, old, mean_table)
             return old
 
@@ -390,7 +399,7 @@ def ablate(
                           bottom=None if bottom == "none" else bottom, scorer=scorer,
                           out_dir=out, max_new_tokens=max_new_tokens,
                           stop_at_newline=stop_at_newline, stop_rule=stop_rule,
-                          thinking=thinking, workers=workers,
+                          thinking=thinking, workers=workers, extend=extend,
                           ray_address=ray_address,  # its own reuse count:
                           on_resume=lambda n, _: note_resume(out, n, what="generations"))
             ds = None
@@ -402,7 +411,7 @@ def ablate(
                     out_dir=out / "control",
                     max_new_tokens=control_max_new_tokens,
                     stop_at_newline=stop_at_newline, stop_rule=stop_rule, thinking=thinking,
-                    workers=workers, ray_address=ray_address)
+                    workers=workers, ray_address=ray_address, extend=extend)
                 ds = write_dissociation(out, df, df_control, control=control,
                                         retrieval_metric=r_metric,
                                         control_metric=control_metric)
