@@ -351,7 +351,7 @@ def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any
         print("patch: no accepted detection trial; CRI skipped")  # noqa: T201
         return None
     cri = lt.patch_heads(model, subset, out_dir=out / "patch",
-                         max_new_tokens=args.max_new_tokens)
+                         max_new_tokens=args.max_new_tokens, extend=True)  # --n-cri grows
     cri.save(out / "heads" / "cri")
     n = int(model.cfg.n_layers) * int(model.cfg.n_heads)
     ks = tuple(k for k in (5, 10, 20, 50) if k <= n)

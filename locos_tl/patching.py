@@ -365,6 +365,7 @@ def patch_heads(
     out_dir: str | Path | None = None,
     progress: bool = True,
     on_resume: Callable[[int, int], None] | None = None,
+    extend: bool = False,
 ) -> HeadScores:
     """Causal retrieval importance of every head (docs/concepts.md), over trials.
 
@@ -387,6 +388,9 @@ def patch_heads(
         on_resume: with ``out_dir``, called once before any patching as
             ``on_resume(n_reused, n_trials)`` (its own reuse rule; ``locos patch``
             prints it).
+        extend: let ``out_dir`` hold a run over a subset of ``trials`` (grow a run from
+            3 to 20 trials keeping the 3 finished ones); a run over trials outside
+            ``trials`` is still refused.
 
     Returns:
         ``HeadScores(method="cri")``: ``[n_trials, n_layers, n_heads]`` per-trial CRI in
@@ -398,7 +402,8 @@ def patch_heads(
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
             non-Trial; a trial does not fit the model (the prompt, plus ``max_new_tokens``
             with ``"generated"``) or cannot be corrupted.
-        LocosError: ``out_dir`` holds a run with other settings or another trial set.
+        LocosError: ``out_dir`` holds a run with other settings or another trial set
+            (with ``extend``: over a trial that is not in ``trials``).
 
     Warns:
         RuntimeWarning: no trial was usable (every CRI is NaN).
@@ -418,7 +423,9 @@ def patch_heads(
                 "answer_position": answer_position, "max_new_tokens": max_new_tokens,
                 "batch_size": batch_size, "n_trials": len(trials),
                 "trial_set_hash": trial_set_hash(trials)}
-    store = RecordStore(out_dir, settings, RESUME_KEYS) if out_dir is not None else None
+    store = (RecordStore(out_dir, settings, RESUME_KEYS,
+                         extend_to={t.trial_id for t in trials} if extend else None)
+             if out_dir is not None else None)
     meta = provenance(model, settings)
     if store is not None:
         store.write_meta(meta)

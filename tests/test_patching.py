@@ -24,6 +24,31 @@ def planted(tmp_path_factory):
     return model, planted_trials(model.tokenizer, 2)
 
 
+def test_patch_heads_extend_grows_a_run(planted, tmp_path, monkeypatch) -> None:
+    import sys
+
+    from locos_tl.errors import LocosError
+
+    model, trials = planted
+    kw = dict(batch_size=3, max_new_tokens=3, progress=False)
+    fresh = patch_heads(model, trials, **kw)
+    run = tmp_path / "cri"
+    patch_heads(model, trials[:1], out_dir=run, **kw)
+    with pytest.raises(LocosError, match="another trial set"):  # growth is opt-in
+        patch_heads(model, trials, out_dir=run, **kw)
+    with pytest.raises(LocosError, match="cannot be extended"):
+        patch_heads(model, trials[1:], out_dir=run, extend=True, **kw)
+    done = []
+    real = sys.modules["locos_tl.patching"].cri_trial
+    monkeypatch.setattr(sys.modules["locos_tl.patching"], "cri_trial",
+                        lambda m, t, **k: done.append(t.trial_id) or real(m, t, **k))
+    grown = patch_heads(model, trials, out_dir=run, extend=True, **kw)
+    assert done == [trials[1].trial_id]  # the finished trial is kept, not redone
+    assert grown.n_trials == 2
+    torch.testing.assert_close(grown.trial_scores, fresh.trial_scores, rtol=0, atol=0,
+                               equal_nan=True)  # same code, same inputs: bit-equal
+
+
 def test_corrupt_tokens(planted) -> None:
     model, trials = planted
     t = trials[0]
