@@ -97,10 +97,6 @@ def _load(path: Path) -> list[Any]:
     return lt.load_trials(path)
 
 
-def _stage_done(out: Path, stage: str) -> bool:
-    return (out / "stages" / f"{stage}.done").exists()
-
-
 def _mark(out: Path, stage: str, info: dict[str, Any]) -> None:
     d = out / "stages"
     d.mkdir(parents=True, exist_ok=True)
