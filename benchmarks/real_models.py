@@ -27,11 +27,13 @@ type; meant for a GPU); ``cpu`` is the reduced size this repository's committed 
 were measured at on a 2-core CPU (printed in ``summary.json``). Every option can be set
 alone. Nothing is tuned on the evaluation trials: needles, seeds and k are fixed here.
 
-Growing a run: the trial samples nest (the 20 trials of ``--n-eval 20`` are among the 40
-of ``--n-eval 40``), the trials stage rebuilds its files when a size option changes, and
-the ablation stage extends its run directories (``evaluate(..., extend=True)``), so a
-larger ``--n-eval`` reruns only the new trials. ``--workers N`` spreads the ablated
-generations over N Ray actors (identical results).
+Growing a run: the evaluation samples nest (the 20 trials of ``--n-eval 20`` are among
+the 40 of ``--n-eval 40``), the trials stage rebuilds its files when a size option
+changes, and the ablation and patching stages extend their run directories
+(``evaluate(..., extend=True)``, ``patch_heads(..., extend=True)``), so a larger
+``--n-eval`` or ``--n-cri`` runs only the new trials; a compression sweep over other
+trials is redone. Other size changes are refused (``TRIAL_OPTIONS``). ``--workers N``
+spreads the ablated generations over N Ray actors (identical results).
 
 Usage::
 
@@ -167,9 +169,13 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     cal.write_text(json.dumps(prompts))
 
 
-#: the options the trial files depend on (a change rebuilds them; the samples nest, so a
-#: larger ``--n-eval`` keeps every finished generation of the smaller one)
-TRIAL_OPTIONS = ("needle_set", "template", "data_dir", "detect_length", "detect_haystack",
+#: the options the trial files depend on (a change rebuilds them). The NoLiMa samples
+#: nest, so a larger ``--n-eval`` keeps every finished generation of the smaller one, and
+#: a larger ``--n-cri`` every patched trial; other changes (``--n-detect``, ``--n-niah``,
+#: ``--n-control``: the parametric sample does not nest) are refused by the stage's run
+#: directory: use a new ``--out``
+TRIAL_OPTIONS = ("model", "needle_set", "template", "data_dir", "detect_length",
+                 "detect_haystack",
                  "n_detect", "n_eval", "n_niah", "n_control", "eval_lengths",
                  "n_calibration", "calibration_chars")
 
@@ -372,13 +378,18 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
     from locos_tl.compress import compression_sweep
 
     path = out / "compress" / "compression.csv"
-    if path.exists():
-        return
     trials = []
     length = _ints(args.eval_lengths)[0]
     for qtype in ("onehop", "direct"):
         ev = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")[: args.n_compress // 2]
         trials += [dataclasses.replace(t, meta={**t.meta, "task": qtype}) for t in ev]
+    if path.exists():
+        done = set(pd.read_csv(path, usecols=["trial"], dtype=str)["trial"])
+        if done == {t.trial_id for t in trials}:
+            return  # this sweep's trials are the ones selected now
+        print(f"compress: {path} is over other trials (the evaluation trials "  # noqa: T201
+              "changed); moved to compression.previous.csv and rerun")
+        path.replace(path.with_name("compression.previous.csv"))
     rankings = {m: scores[m] for m in ("locos", "wu", "headkv") if scores[m].n_trials > 0}
     df = compression_sweep(model, trials, rankings, _floats(args.fractions),
                            unit="query_head", include=("uniform", "random"), seed=0,

@@ -36,7 +36,7 @@ from locos_tl.ablation import (
 from locos_tl.decode import greedy_decode
 from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
 from locos_tl.heads import Head, HeadScores
-from locos_tl.models import model_name
+from locos_tl.models import model_dtype, model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
@@ -47,7 +47,7 @@ from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
 BASELINE = "baseline"
 RANDOM = "random"
-RESUME_KEYS = ("model", "mode", "means_hash", "max_new_tokens", "stop_at_newline",
+RESUME_KEYS = ("model", "dtype", "mode", "means_hash", "max_new_tokens", "stop_at_newline",
                "stop_rule", "thinking")
 COLUMNS = ["method", "k", "seed", "metric", "value", "n_trials"]
 
@@ -282,7 +282,8 @@ def evaluate(
                 raise ValueError(f"head set {name!r} has no accepted trial: its ranking is "
                                  "all NaN")
     settings = {
-        "model": model_name(model), "mode": mode, "means_hash": means_hash(means),
+        "model": model_name(model), "dtype": model_dtype(model), "mode": mode,
+        "means_hash": means_hash(means),
         "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
         "stop_rule": stop_rule, "thinking": thinking,
         "scorer": scorer_name(scorer), "ks": sorted({int(x) for x in k}),

@@ -162,6 +162,11 @@ def model_name(model: Any) -> str:
     return str(getattr(getattr(hf, "config", None), "_name_or_path", "unknown"))
 
 
+def model_dtype(model: Any) -> str:
+    """``"float32"``, ``"bfloat16"``, ... of the model's parameters."""
+    return str(next(model.parameters()).dtype).replace("torch.", "")
+
+
 def n_ctx(model: Any) -> int | None:
     """The model's context length from its config (``cfg.n_ctx``), if known."""
     v = getattr(getattr(model, "cfg", None), "n_ctx", None)

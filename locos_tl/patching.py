@@ -41,7 +41,7 @@ from locos_tl.errors import TrialError
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.interventions import intervene
-from locos_tl.models import model_name
+from locos_tl.models import model_dtype, model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
 from locos_tl.score import check_trials_fit
@@ -60,7 +60,8 @@ DEFAULT_FILLER = ("The grass is green. The sky is blue. The sun is yellow. "
 #: length that differs from the gold answer is used).
 DEFAULT_SWAP_NAMES = ("Yuki", "Stuart", "Katie", "Veronica", "Gary", "Megan", "Calvin",
                       "Mandy", "Diana", "Caleb", "Emma", "Nathan", "Olivia", "Leo")
-RESUME_KEYS = ("model", "corruption", "answer_position", "max_new_tokens")
+RESUME_KEYS = ("model", "dtype", "corruption", "answer_position", "max_new_tokens", "filler",
+               "swap_names")
 
 
 def corrupt_tokens(
@@ -419,7 +420,9 @@ def patch_heads(
     check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)
     if batch_size is None:
         batch_size = default_batch_size(next(model.original_model.parameters()).device)
-    settings = {"model": model_name(model), "method": "cri", "corruption": corruption,
+    settings = {"model": model_name(model), "dtype": model_dtype(model), "method": "cri",
+                "corruption": corruption, "filler": filler if isinstance(filler, str)
+                else [int(x) for x in filler], "swap_names": list(swap_names),
                 "answer_position": answer_position, "max_new_tokens": max_new_tokens,
                 "batch_size": batch_size, "n_trials": len(trials),
                 "trial_set_hash": trial_set_hash(trials)}

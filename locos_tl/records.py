@@ -48,7 +48,9 @@ class RecordStore:
         extend_to: the trial ids of the run now (opt-in growth): a directory over
             another trial set is taken over when every trial its records name
             (``trial_field``) is among these, so a run grows from 20 to 60 trials
-            keeping its 20; records are per trial, so nothing is mixed.
+            keeping its 20. Records are keyed by trial id (a hash of the trial's
+            content for locos_tl's trials); settings outside ``check_keys`` are not
+            compared.
         trial_field: the record field naming its trial (for ``extend_to``).
 
     Raises:

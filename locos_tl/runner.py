@@ -43,11 +43,6 @@ RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold", 
                "thinking")
 
 
-def model_dtype(model: Any) -> str:
-    """``"float32"``, ``"bfloat16"``, ... of the model's parameters."""
-    return str(next(model.parameters()).dtype).replace("torch.", "")
-
-
 def run_settings(
     model: str, dtype: str, *, variant: str, methods: Sequence[str], max_new_tokens: int,
     gate_threshold: float, seed: int, trials: Sequence[Trial],

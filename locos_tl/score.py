@@ -24,7 +24,7 @@ from locos_tl.answers import GATE_THRESHOLD
 from locos_tl.engine import engine_paths
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
-from locos_tl.models import model_name
+from locos_tl.models import model_dtype, model_name
 from locos_tl.provenance import provenance
 from locos_tl.runner import (  # re-exported: the runner's names stay importable from here
     RESUME_KEYS,
@@ -35,7 +35,6 @@ from locos_tl.runner import (  # re-exported: the runner's names stay importable
     check_trials_fit,
     finished_record,
     method_spans,
-    model_dtype,
     non_finite_record,
     run_settings,
     run_trial,

@@ -178,24 +178,30 @@ def test_ablate_extend_grows_a_run(tiny_dirs, own_answer_trials, tmp_path):
     args = ["ablate", "--model", str(tiny_dirs["qwen3"]), "--heads", str(tmp_path / "locos"),
             "--k", "1", "--mode", "query_zero", "--no-random", "--bottom", "none",
             "--max-new-tokens", "4"]
-    assert runner.invoke(app, [*args, "--trials", str(small), "--out", str(run)]).exit_code == 0
+    first = runner.invoke(app, [*args, "--trials", str(small), "--out", str(run),
+                                "--control", str(small)])
+    assert first.exit_code == 0, first.output
     records = run / "trials.jsonl"
     n_small = len(records.read_text().splitlines())
     assert n_small == 2 * 2  # baseline + locos-1, two trials
+    assert len((run / "control" / "trials.jsonl").read_text().splitlines()) == n_small
     refused = runner.invoke(app, [*args, "--trials", str(full), "--out", str(run)])
     assert refused.exit_code == 2 and "another trial set" in " ".join(refused.output.split())
     dropped = runner.invoke(app, [*args, "--trials", str(other), "--out", str(run), "--extend"])
     assert dropped.exit_code == 2 and "cannot be extended" in " ".join(dropped.output.split())
     assert len(records.read_text().splitlines()) == n_small  # nothing written
-    grown = runner.invoke(app, [*args, "--trials", str(full), "--out", str(run), "--extend"])
+    grown = runner.invoke(app, [*args, "--trials", str(full), "--out", str(run), "--extend",
+                                "--control", str(full)])  # the control run grows too
     assert grown.exit_code == 0, grown.output
     assert f"skipping {n_small} finished generations" in grown.output
     n_new = 2 * (len(own_answer_trials) - 2)
     assert len(records.read_text().splitlines()) == n_small + n_new
-    fresh = runner.invoke(app, [*args, "--trials", str(full), "--out", str(ref)])
+    assert len((run / "control" / "trials.jsonl").read_text().splitlines()) == n_small + n_new
+    fresh = runner.invoke(app, [*args, "--trials", str(full), "--out", str(ref),
+                                "--control", str(full)])
     assert fresh.exit_code == 0, fresh.output
-    pd.testing.assert_frame_equal(pd.read_csv(run / "evaluation.csv"),
-                                  pd.read_csv(ref / "evaluation.csv"))
+    for name in ("evaluation.csv", "control/evaluation.csv"):
+        pd.testing.assert_frame_equal(pd.read_csv(run / name), pd.read_csv(ref / name))
 
 
 def test_figures_share_one_plotly_js(tmp_path):

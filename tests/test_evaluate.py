@@ -152,6 +152,21 @@ def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
     assert json.loads((run / "meta.json").read_text())["settings"]["n_trials"] == 2
 
 
+def test_evaluate_refuses_a_run_made_in_another_dtype(planted, tmp_path) -> None:
+    from locos_tl.errors import LocosError
+
+    model, trials = planted
+    kw = dict(k=(1,), mode="output_zero", random=False, bottom=None, max_new_tokens=2,
+              progress=False)
+    evaluate(model, trials[:1], {"locos": [PLANTED]}, out_dir=tmp_path, **kw)
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["settings"]["dtype"] == "float32"
+    meta["settings"]["dtype"] = "bfloat16"  # as a bf16 session would have written it
+    (tmp_path / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(LocosError, match="dtype: 'bfloat16' != 'float32'"):
+        evaluate(model, trials, {"locos": [PLANTED]}, out_dir=tmp_path, extend=True, **kw)
+
+
 def test_query_zero_on_planted_head_breaks_retrieval(planted) -> None:
     model, trials = planted
     df = evaluate(model, trials[:1], {"locos": [PLANTED]}, k=(1,), mode="query_zero",

@@ -320,9 +320,8 @@ def compress(
 
         from locos_tl.compress import compression_sweep
         from locos_tl.compress.cache import compression_twin
-        from locos_tl.models import load_model, model_name
+        from locos_tl.models import load_model, model_dtype, model_name
         from locos_tl.provenance import provenance
-        from locos_tl.runner import model_dtype
         from locos_tl.trials import load_trials, trial_set_hash
 
         bridge = load_model(model, device=device, dtype=dtype)
