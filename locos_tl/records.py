@@ -67,6 +67,7 @@ class RecordStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         self.path = self.dir / RECORDS_FILE
         meta_path = self.dir / META_FILE
+        self.records: dict[str, dict[str, Any]] = read_records(self.dir)
         if meta_path.exists() and self.path.exists():
             old = json.loads(meta_path.read_text()).get("settings", {})
             way_out = (f"a run directory holds one run: use a new --out directory, or "
@@ -87,14 +88,13 @@ class RecordStore:
                 raise LocosError(
                     f"{self.dir} holds a run with other settings ({detail}); {way_out}"
                 )
-        self.records: dict[str, dict[str, Any]] = read_records(self.dir)
 
     def _extends(self, new_ids: Collection[str] | None, field: str) -> bool:
         """Whether the stored records all lie in ``new_ids`` (``extend_to``)."""
         if new_ids is None:
             return False
         wanted = set(new_ids)
-        outside = sorted({str(r.get(field)) for r in read_records(self.dir).values()
+        outside = sorted({str(r.get(field)) for r in self.records.values()
                           if r.get(field) not in wanted})
         if outside:
             raise LocosError(
