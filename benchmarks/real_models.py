@@ -265,6 +265,11 @@ def calibrate(model: Any, args: argparse.Namespace, out: Path) -> Any:
     return means
 
 
+#: Ray runs its worker processes at nice 15, so any other process on the machine takes
+#: their CPU; the sweep's workers do all of its work, so they run at the default 0
+RAY_NICE_0 = {"runtime_env": {"env_vars": {"RAY_worker_niceness": "0"}}}
+
+
 def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any],
            means: Any) -> None:
     import locos_tl as lt
@@ -274,6 +279,8 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
                   bottom="locos", max_new_tokens=args.eval_max_new_tokens,
                   workers=args.workers, extend=True)  # --n-eval may grow (nested)
+    if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
+        common["ray_init_kwargs"] = RAY_NICE_0
     for length in _ints(args.eval_lengths):
         for qtype in _questions(args):
             trials = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")

@@ -37,3 +37,23 @@ def test_trials_rebuilt_only_when_an_option_they_depend_on_changes(script, tmp_p
     assert not script._trials_changed(tmp_path, same)
     stored = json.loads((tmp_path / "stages" / "trials.done").read_text())["sizes"]
     assert stored["n_eval"] == script.PRESETS["cpu"]["n_eval"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ablation_workers_run_at_nice_0(script, tmp_path, monkeypatch, workers) -> None:
+    """Ray starts workers at nice 15; the sweep's own workers are asked for nice 0."""
+    import locos_tl as lt
+
+    calls = []
+    monkeypatch.setattr(lt, "evaluate", lambda model, trials, sets, **kw: calls.append(kw))
+    monkeypatch.setattr(script, "_load", lambda path: [])
+    args = script.parse_args(["--model", "smollm2-135m-instruct", "--out", str(tmp_path),
+                              "--workers", str(workers), "--questions", "direct"])
+    script.ablate(None, args, tmp_path, {}, means=None)
+    assert len(calls) == 3  # direct at one length, then the two controls
+    for kw in calls:
+        if workers > 1:
+            env = kw["ray_init_kwargs"]["runtime_env"]["env_vars"]
+            assert env == {"RAY_worker_niceness": "0"}
+        else:
+            assert "ray_init_kwargs" not in kw
