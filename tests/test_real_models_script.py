@@ -26,7 +26,8 @@ def test_trials_rebuilt_only_when_an_option_they_depend_on_changes(script, tmp_p
     assert script._trials_changed(tmp_path, args)
     script._mark(tmp_path, "trials", {"seconds": 1.0, "sizes": script._trial_sizes(args)})
     assert not script._trials_changed(tmp_path, args)
-    for flag, value in [("--n-eval", "60"), ("--model", "gemma-3-270m"),
+    grown = str(script.PRESETS["cpu"]["n_eval"] + 20)  # a larger evaluation sample
+    for flag, value in [("--n-eval", grown), ("--model", "gemma-3-270m"),
                         ("--n-calibration", "20"), ("--template", "completion")]:
         other = script.parse_args(["--model", "smollm2-135m-instruct", "--out",
                                    str(tmp_path), flag, value])
