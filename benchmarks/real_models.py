@@ -31,8 +31,8 @@ Growing a run: the evaluation samples nest (the 20 trials of ``--n-eval 20`` are
 the 40 of ``--n-eval 40``), the trials stage rebuilds its files when a size option
 changes, and the ablation and patching stages extend their run directories
 (``evaluate(..., extend=True)``, ``patch_heads(..., extend=True)``), so a larger
-``--n-eval`` or ``--n-cri`` runs only the new trials; a compression sweep over other
-trials is redone. Other size changes are refused (``TRIAL_OPTIONS``). ``--workers N``
+``--n-eval``, ``--n-cri`` or ``--n-compress`` (or a new ``--fractions`` entry) runs
+only the new trials. Other size changes are refused (``TRIAL_OPTIONS``). ``--workers N``
 spreads the ablated generations over N Ray actors (identical results).
 
 Usage::
@@ -381,28 +381,89 @@ def _accepted(run: Path, method: str) -> set[str]:
     return ids
 
 
-def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> None:
-    from locos_tl.compress import compression_sweep
-
-    path = out / "compress" / "compression.csv"
+def compress_trials(args: argparse.Namespace, out: Path) -> list[Any]:
+    """The first ``--n-compress / 2`` evaluation trials of each question type, tagged
+    with their ``task``."""
     trials = []
     length = _ints(args.eval_lengths)[0]
     for qtype in ("onehop", "direct"):
         ev = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")[: args.n_compress // 2]
         trials += [dataclasses.replace(t, meta={**t.meta, "task": qtype}) for t in ev]
-    if path.exists():
-        done = set(pd.read_csv(path, usecols=["trial"], dtype=str)["trial"])
-        if done == {t.trial_id for t in trials}:
-            return  # this sweep's trials are the ones selected now
-        print(f"compress: {path} is over other trials (the evaluation trials "  # noqa: T201
-              "changed); moved to compression.previous.csv and rerun")
-        path.replace(path.with_name("compression.previous.csv"))
+    return trials
+
+
+def _ranking_hash(scores: Any) -> str:
+    import hashlib
+
+    arr = np.ascontiguousarray(np.asarray(scores.scores, dtype=np.float64))
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
+
+
+def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> None:
+    """The compression sweep, resumable one (trial, fraction) at a time: a rerun decodes
+    only the pairs ``compression.csv`` lacks, so a larger ``--n-compress`` or a new
+    fraction adds just those. Rows of trials or fractions no longer selected move to
+    ``compression.previous.csv``; other rankings or decoding settings restart the sweep
+    (the old file moves there too)."""
+    from tqdm.auto import tqdm
+
+    from locos_tl.compress import compression_sweep
+
+    path = out / "compress" / "compression.csv"
+    settings_path = path.with_name("settings.json")
+    trials = compress_trials(args, out)
+    fractions = _floats(args.fractions)
     rankings = {m: scores[m] for m in ("locos", "wu", "headkv") if scores[m].n_trials > 0}
-    df = compression_sweep(model, trials, rankings, _floats(args.fractions),
-                           unit="query_head", include=("uniform", "random"), seed=0,
-                           max_new_tokens=args.max_new_tokens, progress=True)
+    settings = {"rankings": {m: _ranking_hash(hs) for m, hs in rankings.items()},
+                "include": ["uniform", "random"], "seed": 0, "unit": "query_head",
+                "max_new_tokens": args.max_new_tokens}
     path.parent.mkdir(parents=True, exist_ok=True)
-    df.to_csv(path, index=False)
+    old = pd.read_csv(path, dtype={"trial": str}) if path.exists() else None
+    if old is not None and settings_path.exists() and \
+            json.loads(settings_path.read_text()) != settings:
+        print(f"compress: {path} has other rankings or settings; moved to "  # noqa: T201
+              "compression.previous.csv and rerun")
+        _set_aside(old, path)
+        path.unlink()
+        old = None
+    # a sweep written before settings.json existed is taken as made with these rankings
+    settings_path.write_text(json.dumps(settings, indent=1))
+    ids = {t.trial_id for t in trials}
+    if old is not None:
+        keep = old["trial"].isin(ids) & old["fraction"].isin(fractions)
+        if not keep.all():
+            _set_aside(old[~keep], path)
+        old = old[keep]
+        old.to_csv(path, index=False)
+    done = set() if old is None else set(zip(old["trial"], old["fraction"], strict=True))
+    todo = [(i, t, [f for f in fractions if (t.trial_id, f) not in done])
+            for i, t in enumerate(trials)]
+    todo = [job for job in todo if job[2]]
+    for i, t, fracs in tqdm(todo, desc="compression sweep", unit="trial"):
+        rows = compression_sweep(model, [t], rankings, fracs, unit="query_head",
+                                 include=("uniform", "random"), seed=0,
+                                 max_new_tokens=args.max_new_tokens, progress=False)
+        rows["trial_index"] = i  # the index in this run's compression trials
+        rows.to_csv(path, mode="a", header=not path.exists(), index=False)
+
+
+def _set_aside(rows: pd.DataFrame, path: Path) -> None:
+    """Append ``rows`` to ``compression.previous.csv`` beside ``path``."""
+    prev = path.with_name("compression.previous.csv")
+    rows.to_csv(prev, mode="a", header=not prev.exists(), index=False)
+
+
+def compression_accuracy(df: pd.DataFrame) -> pd.DataFrame:
+    """Answer accuracy ("contains") per ranking x fraction x task, with the number of
+    trials and a 95 % bootstrap interval over trials."""
+    rows = []
+    for (ranking, frac, task), sel in df.groupby(["ranking", "fraction", "task"]):
+        v = sel["answer_correct"].astype(float).to_numpy()
+        lo, hi = _bootstrap(v)
+        rows.append({"ranking": ranking, "fraction": frac, "task": task,
+                     "n_trials": len(v), "accuracy": float(v.mean()),
+                     "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows)
 
 
 def _questions(args: argparse.Namespace) -> list[str]:
@@ -516,9 +577,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     if comp.exists():
         df = pd.read_csv(comp)
         _write(lt.plot.compression_curves(df), figs / "compression")
-        acc = (df.groupby(["ranking", "fraction", "task"])["answer_correct"].mean()
-               .unstack("task").round(3))
-        acc.to_csv(out / "compress" / "accuracy.csv")
+        compression_accuracy(df).to_csv(out / "compress" / "accuracy.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(head.to_string(index=False))  # noqa: T201
     if args.publish:
@@ -529,6 +588,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
 PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "detect/meta.json",
              "patch/agreement_*_cri.csv", "compress/accuracy.csv",
+             "compress/compression.csv",  # every compressed answer
              "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
              "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
              "heads/*/head_scores.json", "heads/*/heads.json",

@@ -111,6 +111,40 @@ def test_sweep_frame_prefills_once(organism, ground_truth, monkeypatch):
         assert set(full[full.trial_index == i].output) == {ref.text}
 
 
+def test_sweep_decodes_each_distinct_budget_once(organism, ground_truth, monkeypatch):
+    """Budgets that keep the same positions (every ranking at 1.0) are decoded once a
+    trial, and the rows equal a sweep that decodes every (ranking, fraction) apart."""
+    from locos_tl.compress import sweep as sweep_mod
+    from locos_tl.organisms.tasks import make_trials
+
+    trials = make_trials("nonliteral", 2, 64, seed=4)
+    L, H, _ = n_heads_of(organism)
+    rankings = {"writers": _scores(ground_truth["nonliteral_writer"], L, H),
+                "copy": _scores(ground_truth["literal_copy"], L, H)}
+    fractions = (0.5, 1.0)
+    calls = []
+    real = sweep_mod.compressed_generate
+    monkeypatch.setattr(sweep_mod, "compressed_generate",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    df = compression_sweep(organism, trials, rankings, fractions, include=("uniform",),
+                           max_new_tokens=2, progress=False)
+    monkeypatch.setattr(sweep_mod, "compressed_generate", real)
+    # per trial: the 3 rankings keep different heads at 0.5, and 1.0 is one full cache
+    # for all of them (4 decodes, not 6)
+    assert len(calls) == len(trials) * (3 + 1)
+    assert len(df) == len(trials) * 3 * 2
+    cols = ["output", "correct", "answer_correct", "retained_entries", "kv_bytes"]
+    for name in ("writers", "copy", "uniform"):
+        for frac in fractions:
+            one = compression_sweep(
+                organism, trials, {name: rankings[name]} if name in rankings else None,
+                (frac,), include=("uniform",) if name == "uniform" else (),
+                max_new_tokens=2, progress=False)
+            got = df[(df.ranking == name) & (df.fraction == frac)]
+            pd.testing.assert_frame_equal(got[cols].reset_index(drop=True),
+                                          one[cols].reset_index(drop=True))
+
+
 def test_sweep_takes_query_start_for_trials_without_it(organism):
     """``query_start=-2`` on trials stripped of ``meta["query_start"]`` gives the same
     frame as the organism's own meta (the question is the last two tokens)."""

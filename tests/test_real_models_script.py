@@ -1,11 +1,15 @@
-"""benchmarks/real_models.py: when the trial files are rebuilt (growing a run)."""
+"""benchmarks/real_models.py: when the trial files are rebuilt (growing a run), the
+ablation workers' niceness and the resumable compression sweep."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
+import pandas as pd
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_models.py"
@@ -58,3 +62,69 @@ def test_ablation_workers_run_at_nice_0(script, tmp_path, monkeypatch, workers) 
             assert env == {"RAY_worker_niceness": "0"}
         else:
             assert "ray_init_kwargs" not in kw
+
+
+def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monkeypatch):
+    """A rerun decodes only the (trial, fraction) pairs the CSV lacks; trials or
+    fractions no longer selected, and runs over other rankings, move aside."""
+    from types import SimpleNamespace
+
+    import locos_tl.compress as compress_mod
+
+    @dataclasses.dataclass
+    class Trial:
+        trial_id: str
+        meta: dict
+
+    pool = {q: [Trial(f"{q}{i}", {}) for i in range(6)] for q in ("onehop", "direct")}
+    monkeypatch.setattr(script, "_load", lambda path: pool[path.stem.split("_")[1]])
+    calls = []
+
+    def sweep(model, trials, rankings, fractions, **kw):
+        (t,) = trials
+        calls.append((t.trial_id, tuple(fractions)))
+        names = [*rankings, *kw["include"]]
+        return pd.DataFrame([{"ranking": r, "fraction": f, "task": t.meta["task"],
+                              "trial": t.trial_id, "answer_correct": True}
+                             for f in fractions for r in names])
+
+    monkeypatch.setattr(compress_mod, "compression_sweep", sweep)
+    ranking = SimpleNamespace(scores=np.zeros((2, 3)), n_trials=4)
+    scores = {"locos": ranking, "wu": ranking, "headkv": SimpleNamespace(n_trials=0)}
+
+    def run(n, fractions, scores=scores):
+        calls.clear()
+        args = script.parse_args(["--model", "smollm2-135m-instruct", "--out",
+                                  str(tmp_path), "--n-compress", str(n),
+                                  "--fractions", fractions])
+        script.compress(None, args, tmp_path, scores)
+        return pd.read_csv(tmp_path / "compress" / "compression.csv", dtype={"trial": str})
+
+    df = run(4, "0.1,0.5")
+    assert calls == [(t, (0.1, 0.5)) for t in ("onehop0", "onehop1", "direct0", "direct1")]
+    assert len(df) == 4 * 2 * 4  # trials x fractions x (locos, wu, uniform, random)
+    assert run(4, "0.1,0.5").shape == df.shape and calls == []  # nothing left to do
+    df = run(6, "0.1,0.5,1.0")  # grow the sample and add the full cache
+    assert sorted(calls) == sorted([(t, (1.0,)) for t in ("onehop0", "onehop1", "direct0",
+                                                          "direct1")]
+                                   + [(t, (0.1, 0.5, 1.0)) for t in ("onehop2", "direct2")])
+    assert len(df) == 6 * 3 * 4 and not df.duplicated(["trial", "fraction", "ranking"]).any()
+    df = run(4, "0.5")  # fewer trials and fractions: the rest moves aside, kept
+    assert calls == [] and set(df.fraction) == {0.5} and len(df) == 4 * 4
+    prev = tmp_path / "compress" / "compression.previous.csv"
+    assert len(pd.read_csv(prev)) == 6 * 3 * 4 - 4 * 4
+    other = dict(scores, locos=SimpleNamespace(scores=np.ones((2, 3)), n_trials=4))
+    df = run(4, "0.5", scores=other)  # another LOCOS ranking: everything reruns
+    assert len(calls) == 4 and len(df) == 4 * 4
+    assert len(pd.read_csv(prev)) == 6 * 3 * 4
+
+
+def test_compression_accuracy_counts_trials(script) -> None:
+    df = pd.DataFrame({"ranking": ["locos"] * 4 + ["wu"] * 4, "fraction": 0.5,
+                       "task": ["direct", "direct", "onehop", "onehop"] * 2,
+                       "answer_correct": [True, False, False, False, True, True, True, False]})
+    acc = script.compression_accuracy(df).set_index(["ranking", "task"])
+    assert acc.loc[("locos", "direct"), "accuracy"] == 0.5
+    assert acc.loc[("wu", "onehop"), "accuracy"] == 0.5
+    assert (acc["n_trials"] == 2).all()
+    assert acc.loc[("wu", "direct"), ["ci_low", "ci_high"]].tolist() == [1.0, 1.0]

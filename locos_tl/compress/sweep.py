@@ -2,6 +2,9 @@
 
 Each trial's context is prefilled once; every (ranking, fraction) compresses a copy of
 that one full cache (:func:`locos_tl.compress.cache.compress_cache` never modifies it).
+Budgets that retain the same positions (every ranking at the fraction 1.0, or every
+ranking held at the sinks + recent floor) are decoded once per trial and their row
+repeated: greedy decoding of one compressed cache is one result.
 """
 
 from __future__ import annotations
@@ -26,6 +29,14 @@ from locos_tl.errors import LocosError
 from locos_tl.trials import as_trial_list
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def _budget_key(b: Any) -> tuple:
+    """What fixes the positions a budget retains for every query head
+    (:meth:`Budgets.head_positions`): two budgets with one key compress a cache alike."""
+    return (b.unit, b.context_len, b.sinks, b.n_heads, b.n_kv_heads, b.entries.shape,
+            np.asarray(b.entries, dtype=np.int64).tobytes(),
+            np.asarray(b.capacity, dtype=np.int64).tobytes())
 
 
 def _rankings(rankings: Mapping[str, Any] | None, include: Sequence[str], shape: tuple[int, int],
@@ -102,6 +113,9 @@ def compression_sweep(
             ``meta["query_start"]`` (negative: counted from the end of the prompt).
         progress: tqdm progress bar.
 
+    Budgets that retain the same positions in every unit (all rankings at the fraction
+    1.0) are decoded once per trial; their rows repeat that one result.
+
     Returns:
         Tidy frame, one row per (ranking, allocation, unit, fraction, trial): ranking,
         allocation, unit, fraction, retained_fraction (measured entries), task, trial
@@ -139,6 +153,7 @@ def compression_sweep(
             qs = query_start_of(trial, own if own is not None else query_start)
             full = prefill_context(model, trial, qs)
             capacity = cache_capacity(full, qs)  # sliding-window layers store less
+            decoded: dict[tuple, Any] = {}  # one decode per distinct set of positions
             for name, (scores, alloc, meta) in ranks.items():
                 for frac in fractions:
                     with warnings.catch_warnings():  # said once, after the sweep
@@ -147,9 +162,12 @@ def compression_sweep(
                                        sinks=sinks, min_recent=min_recent,
                                        group_reduce=group_reduce, method=name,
                                        capacity=capacity)
-                    r = compressed_generate(model, trial, b, max_new_tokens=max_new_tokens,
-                                            stop_rule=stop_rule, full_cache=full,
-                                            query_start=qs)
+                    key = _budget_key(b)
+                    if key not in decoded:
+                        decoded[key] = compressed_generate(
+                            model, trial, b, max_new_tokens=max_new_tokens,
+                            stop_rule=stop_rule, full_cache=full, query_start=qs)
+                    r = decoded[key]
                     rows.append({
                         "ranking": name, "allocation": alloc, "unit": unit,
                         "fraction": frac, "retained_fraction": r.retained_fraction,
