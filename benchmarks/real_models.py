@@ -433,7 +433,9 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
         keep = old["trial"].isin(ids) & old["fraction"].isin(fractions)
         if not keep.all():
             _set_aside(old[~keep], path)
-        old = old[keep]
+        old = old[keep].copy()
+        order = {t.trial_id: i for i, t in enumerate(trials)}
+        old["trial_index"] = old["trial"].map(order)  # the index in this selection
         old.to_csv(path, index=False)
     done = set() if old is None else set(zip(old["trial"], old["fraction"], strict=True))
     todo = [(i, t, [f for f in fractions if (t.trial_id, f) not in done])

@@ -623,7 +623,10 @@ agree = RESULTS / "patch/agreement_locos_cri.csv"
 pd.read_csv(agree).round(3) if agree.exists() else print("no CRI patching stored")'''),
         new_code_cell('''\
 comp = RESULTS / "compress/accuracy.csv"
-pd.read_csv(comp).round(3) if comp.exists() else print("no compression sweep stored")'''),
+acc = pd.read_csv(comp) if comp.exists() else None
+# answer accuracy ("contains") per ranking, by question type and retained fraction
+(acc.pivot_table(index="ranking", columns=["task", "fraction"], values="accuracy").round(2)
+ if acc is not None and "accuracy" in acc else print("no compression sweep stored"))'''),
     ]
 
 

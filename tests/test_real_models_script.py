@@ -109,6 +109,8 @@ def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monk
                                                           "direct1")]
                                    + [(t, (0.1, 0.5, 1.0)) for t in ("onehop2", "direct2")])
     assert len(df) == 6 * 3 * 4 and not df.duplicated(["trial", "fraction", "ranking"]).any()
+    index = dict(zip(df.trial, df.trial_index, strict=False))
+    assert [index[t] for t in ("onehop0", "onehop2", "direct0", "direct2")] == [0, 2, 3, 5]
     df = run(4, "0.5")  # fewer trials and fractions: the rest moves aside, kept
     assert calls == [] and set(df.fraction) == {0.5} and len(df) == 4 * 4
     prev = tmp_path / "compress" / "compression.previous.csv"
