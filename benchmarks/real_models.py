@@ -578,7 +578,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     comp = out / "compress" / "compression.csv"
     if comp.exists():
         df = pd.read_csv(comp)
-        _write(lt.plot.compression_curves(df), figs / "compression")
+        _write(lt.plot.compression_curves(df, y="answer_correct"), figs / "compression")
         compression_accuracy(df).to_csv(out / "compress" / "accuracy.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(head.to_string(index=False))  # noqa: T201

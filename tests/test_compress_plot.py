@@ -104,3 +104,25 @@ def test_missing_columns_are_named():
         plot.compression_curves(sweep_frame(), x="kv_fraction")
     with pytest.raises(ValueError, match="no row"):
         plot.compression_curves(sweep_frame().iloc[:0])
+
+
+def test_y_answer_correct_plots_contains():
+    """``y="answer_correct"`` plots the answer-in-response score (real models answer in
+    a sentence, so their first token is rarely the name)."""
+    df = sweep_frame()
+    rng = np.random.default_rng(1)
+    df["answer_correct"] = rng.random(len(df)) < 0.5
+    df["correct"] = False  # the first token never the name
+    fig = plot.compression_curves(df, y="answer_correct")
+    tr = _traces(fig, 1)["wu"]
+    sub = df[(df.task == "literal") & (df.ranking == "wu")]
+    want = [sub[sub.fraction == f].answer_correct.mean() for f in FRACTIONS]
+    assert list(tr.y) == pytest.approx(want)
+    full = df[(df.task == "literal") & (df.fraction == 1.0)].answer_correct.mean()
+    assert fig.layout.shapes[0].y0 == pytest.approx(full)  # the full-cache line
+    assert fig.layout.yaxis.title.text == "accuracy (contains)"
+    assert max(_traces(plot.compression_curves(df), 1)["wu"].y) == 0.0
+    with pytest.raises(ValueError, match="y='output'"):
+        plot.compression_curves(df, y="output")
+    with pytest.raises(ValueError, match=r"lacks column\(s\) \['answer_correct'\]"):
+        plot.compression_curves(df.drop(columns=["answer_correct"]), y="answer_correct")

@@ -216,11 +216,18 @@ def done_trials(out: Path) -> set[str]:
 
 
 def summary_table(df: Any) -> Any:
-    """Accuracy per ranking (x allocation) x fraction, one column per task, plus the
+    """Accuracy per ranking (x allocation) x fraction, one column per task (``acc``: the
+    first answer token; ``contains``: the answer string in the response), plus the
     mean retained share of the cache and of its bytes."""
     cols = ["ranking", "allocation", "fraction"]
     acc = df.pivot_table(index=cols, columns="task", values="correct", aggfunc="mean")
     acc.columns = [f"acc {c}" for c in acc.columns]
+    if "answer_correct" in df.columns:
+        has = df.assign(answer_correct=df["answer_correct"].astype(float))
+        contains = has.pivot_table(index=cols, columns="task", values="answer_correct",
+                                   aggfunc="mean")
+        contains.columns = [f"contains {c}" for c in contains.columns]
+        acc = acc.join(contains)
     kept = df.groupby(cols).agg(kept=("retained_fraction", "mean"),
                                 kv_bytes=("kv_bytes", "sum"),
                                 full_kv_bytes=("full_kv_bytes", "sum"))
@@ -270,6 +277,10 @@ def compress(
                                                 min=1)] = 8,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
+    score: Annotated[str, typer.Option(
+        help="What the figure plots: first-token (the first answer token is right) or "
+             "contains (the answer is in the response; for models that answer in a "
+             "sentence). The table prints both.")] = "first-token",
 ) -> None:
     """Sweep the retained fraction of the KV cache under each head ranking and score the
     greedy answers (docs/compression.md)."""
@@ -280,6 +291,7 @@ def compress(
     check_choice(unit, UNITS, "--unit")
     check_choice(allocation, ALLOCATIONS, "--allocation")
     check_choice(group_reduce, ("max", "sum"), "--group-reduce")
+    check_choice(score, ("first-token", "contains"), "--score")
     fraction_list = parse_fractions(fractions)
     controls = parse_controls(include)
     check_dtype(dtype)
@@ -374,9 +386,9 @@ def compress(
         fail(exc)
     from locos_tl.plot import compression_curves
 
-    write_figure(compression_curves(df, title=f"KV-cache compression ({unit} budgets), "
-                                              f"{len(trial_list)} trials"),
-                 out / FIGURE_FILE)
+    title = f"KV-cache compression ({unit} budgets), {len(trial_list)} trials"
+    y = "correct" if score == "first-token" else "answer_correct"
+    write_figure(compression_curves(df, title=title, y=y), out / FIGURE_FILE)
     typer.echo("\naccuracy by ranking, allocation and retained fraction "
                "(kept: share of the context cache's entries; bytes kept: of its K/V bytes)")
     typer.echo(summary_table(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))

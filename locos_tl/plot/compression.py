@@ -30,11 +30,12 @@ def compression_curves(
     *,
     title: str | None = None,
     x: str = "retained_fraction",
+    y: str = "correct",
 ) -> go.Figure:
     """Accuracy against the retained fraction of the KV cache, one line per head ranking,
     one panel per task.
 
-    Each point is the mean of ``correct`` over the trials of one (task, ranking,
+    Each point is the mean of column ``y`` over the trials of one (task, ranking,
     allocation, budget) cell, with a Wilson 95 % binomial interval as error bars. The x
     axis is logarithmic, in percent of the full cache (the mean of column ``x`` over the
     cell's trials, times 100). A dashed line marks the full-cache accuracy of each task
@@ -50,29 +51,37 @@ def compression_curves(
     Args:
         df: the tidy frame of :func:`locos_tl.compress.compression_sweep`, one row per
             (ranking, allocation, unit, fraction, trial); needs columns ``ranking``,
-            ``task``, ``correct`` (bool or 0/1) and ``x``; ``fraction`` (the requested
+            ``task``, ``y`` (bool or 0/1) and ``x``; ``fraction`` (the requested
             budget; used to group trials when present, else ``x`` is) and
             ``allocation`` are optional.
         title: figure title.
         x: the column on the x axis: ``"retained_fraction"`` (measured share of the
             cache kept; default) or ``"fraction"`` (the requested budget).
+        y: the score: ``"correct"`` (the first answer token is right; default, the
+            organisms' answer is one token) or ``"answer_correct"`` (the answer string
+            is in the response: NoLiMa's "contains", for models that answer in a
+            sentence).
 
     Returns:
         A figure with one ``Scatter`` (lines+markers, error bars) per task and line;
         ``y`` is the accuracy in [0, 1], ``x`` the retained share in percent.
 
     Raises:
-        ValueError: a required column is missing (the message names it), no row, or an
-            ``x`` other than ``"retained_fraction"`` / ``"fraction"``.
+        ValueError: a required column is missing (the message names it), no row, an
+            ``x`` other than ``"retained_fraction"`` / ``"fraction"``, or a ``y`` other
+            than ``"correct"`` / ``"answer_correct"``.
     """
     if x not in ("retained_fraction", "fraction"):
         raise ValueError(f"compression_curves: x={x!r}; use 'retained_fraction' (measured "
                          "share kept) or 'fraction' (requested budget)")
-    _check_columns(df, ["ranking", "task", "correct", x])
+    if y not in ("correct", "answer_correct"):
+        raise ValueError(f"compression_curves: y={y!r}; use 'correct' (first answer "
+                         "token) or 'answer_correct' (answer in the response)")
+    _check_columns(df, ["ranking", "task", y, x])
     if df.empty:
         raise ValueError("compression_curves: the data frame has no row")
     d = df.copy()
-    d["correct"] = d["correct"].astype(float)
+    d["correct"] = d[y].astype(float)  # the score plotted, whichever column
     key = "fraction" if "fraction" in d.columns else x
     if "allocation" not in d.columns:
         d["allocation"] = ""
@@ -133,7 +142,8 @@ def compression_curves(
                          ticktext=[f"{t:.3g}%" for t in ticks],
                          title_text=("retained KV cache" if x == "retained_fraction"
                                      else x) + " (% of full, log)", row=1, col=c)
-    fig.update_yaxes(title_text="accuracy", range=[-0.03, 1.03], row=1, col=1)
+    fig.update_yaxes(title_text="accuracy" if y == "correct" else "accuracy (contains)",
+                     range=[-0.03, 1.03], row=1, col=1)
     fig.update_layout(title=title or "accuracy under head-guided KV-cache compression",
                       hovermode="closest", width=None if len(tasks) < 3 else 420 * len(tasks))
     return fig
