@@ -67,7 +67,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     # sessions with --workers 2: about 3,300 ablated generations): the k sweep of every
     # ranking on the literal (direct) questions, where these small models retrieve; the
     # non-literal headline cell is an extra run (docs/real_models.md, "Reproduce")
-    "cpu": dict(n_detect=60, n_eval=60, n_niah=12, n_control=12, n_cri=1, n_compress=40,
+    "cpu": dict(n_detect=60, n_eval=60, n_niah=12, n_control=12, n_cri=3, n_compress=40,
                 eval_lengths="1000", random_seeds="0,1,2", ks="1,5,10,20,50",
                 questions="direct",
                 methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
