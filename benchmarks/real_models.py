@@ -392,13 +392,6 @@ def compress_trials(args: argparse.Namespace, out: Path) -> list[Any]:
     return trials
 
 
-def _ranking_hash(scores: Any) -> str:
-    import hashlib
-
-    arr = np.ascontiguousarray(np.asarray(scores.scores, dtype=np.float64))
-    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
-
-
 def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> None:
     """The compression sweep, resumable one (trial, fraction) at a time: a rerun decodes
     only the pairs ``compression.csv`` lacks, so a larger ``--n-compress`` or a new
@@ -407,6 +400,7 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
     (the old file moves there too)."""
     from tqdm.auto import tqdm
 
+    from locos_tl.cli.compress import ranking_hash  # what `locos compress` records
     from locos_tl.compress import compression_sweep
 
     path = out / "compress" / "compression.csv"
@@ -414,7 +408,7 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
     trials = compress_trials(args, out)
     fractions = _floats(args.fractions)
     rankings = {m: scores[m] for m in ("locos", "wu", "headkv") if scores[m].n_trials > 0}
-    settings = {"rankings": {m: _ranking_hash(hs) for m, hs in rankings.items()},
+    settings = {"rankings": {m: ranking_hash(hs) for m, hs in rankings.items()},
                 "include": ["uniform", "random"], "seed": 0, "unit": "query_head",
                 "max_new_tokens": args.max_new_tokens}
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -428,14 +422,13 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
         old = None
     # a sweep written before settings.json existed is taken as made with these rankings
     settings_path.write_text(json.dumps(settings, indent=1))
-    ids = {t.trial_id for t in trials}
+    order = {t.trial_id: i for i, t in enumerate(trials)}  # the index in this selection
     if old is not None:
-        keep = old["trial"].isin(ids) & old["fraction"].isin(fractions)
+        keep = old["trial"].isin(order) & old["fraction"].isin(fractions)
         if not keep.all():
             _set_aside(old[~keep], path)
         old = old[keep].copy()
-        order = {t.trial_id: i for i, t in enumerate(trials)}
-        old["trial_index"] = old["trial"].map(order)  # the index in this selection
+        old["trial_index"] = old["trial"].map(order)
         old.to_csv(path, index=False)
     done = set() if old is None else set(zip(old["trial"], old["fraction"], strict=True))
     todo = [(i, t, [f for f in fractions if (t.trial_id, f) not in done])

@@ -8,9 +8,9 @@ import importlib.util
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
+import torch
 
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_models.py"
 
@@ -89,7 +89,7 @@ def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monk
                              for f in fractions for r in names])
 
     monkeypatch.setattr(compress_mod, "compression_sweep", sweep)
-    ranking = SimpleNamespace(scores=np.zeros((2, 3)), n_trials=4)
+    ranking = SimpleNamespace(scores=torch.zeros(2, 3), n_trials=4)
     scores = {"locos": ranking, "wu": ranking, "headkv": SimpleNamespace(n_trials=0)}
 
     def run(n, fractions, scores=scores):
@@ -115,7 +115,7 @@ def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monk
     assert calls == [] and set(df.fraction) == {0.5} and len(df) == 4 * 4
     prev = tmp_path / "compress" / "compression.previous.csv"
     assert len(pd.read_csv(prev)) == 6 * 3 * 4 - 4 * 4
-    other = dict(scores, locos=SimpleNamespace(scores=np.ones((2, 3)), n_trials=4))
+    other = dict(scores, locos=SimpleNamespace(scores=torch.ones(2, 3), n_trials=4))
     df = run(4, "0.5", scores=other)  # another LOCOS ranking: everything reruns
     assert len(calls) == 4 and len(df) == 4 * 4
     assert len(pd.read_csv(prev)) == 6 * 3 * 4
