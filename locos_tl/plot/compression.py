@@ -81,7 +81,7 @@ def compression_curves(
     if df.empty:
         raise ValueError("compression_curves: the data frame has no row")
     d = df.copy()
-    d["correct"] = d[y].astype(float)  # the score plotted, whichever column
+    d["score"] = d[y].astype(float)
     key = "fraction" if "fraction" in d.columns else x
     if "allocation" not in d.columns:
         d["allocation"] = ""
@@ -92,8 +92,8 @@ def compression_curves(
     n_alloc = d.groupby("ranking", sort=False)["allocation"].nunique()
     lines = list(dict.fromkeys(zip(d["ranking"], d["allocation"], strict=True)))
     g = d.groupby(["task", "ranking", "allocation", key], sort=True)
-    stats = g.agg(x=(x, "mean"), acc=("correct", "mean"), hits=("correct", "sum"),
-                  n=("correct", "count")).reset_index()
+    stats = g.agg(x=(x, "mean"), acc=("score", "mean"), hits=("score", "sum"),
+                  n=("score", "count")).reset_index()
     low, high = _wilson(stats["hits"].to_numpy(), stats["n"].to_numpy())
     stats["low"], stats["high"] = low, high
     fig = make_subplots(
@@ -133,7 +133,7 @@ def compression_curves(
             )
         full = d[(d["task"] == task) & np.isclose(d[key].astype(float), 1.0)]
         if not full.empty:
-            fig.add_hline(y=float(full["correct"].mean()), line_dash="dash",
+            fig.add_hline(y=float(full["score"].mean()), line_dash="dash",
                           line_color="black", line_width=1,
                           annotation_text="full cache", annotation_position="bottom left",
                           row=1, col=c, exclude_empty_subplots=False)
