@@ -19,8 +19,12 @@ Stages (each writes under ``--out`` and is skipped or resumed when rerun):
 5. ``patch``: CRI activation patching on a subset of detection trials; rank agreement
    with LOCOS (Spearman, Kendall, top-k overlap).
 6. ``compress``: KV-cache compression sweep under LOCOS, Wu, HeadKV, uniform and random.
-7. ``report``: ``summary.json``, the headline table (``headline.csv``), the layer
-   distribution of the top heads and the figures (HTML + PNG when kaleido is present).
+7. ``report``: ``summary.json``, the headline table (``headline.csv``, per question type
+   and length), the layer distribution of the top heads and the figures (HTML + PNG when
+   kaleido is present). The ablation tables (``ablate/*/evaluation_ci.csv``) are rebuilt
+   from every finished generation of the grid the report is given, so sweeps run on
+   different grids (say the non-literal questions at fewer k, or 2000 tokens at one k)
+   report together; a job with a missing trial is left out.
 
 Sizes: ``--preset`` ``full`` is the issue's protocol (>= 60 evaluation trials a question
 type; meant for a GPU); ``cpu`` is the reduced size this repository's committed results
@@ -320,32 +324,47 @@ def per_trial_frame(run: Path, trials: list[Any], scorer: str) -> pd.DataFrame:
     return df
 
 
-def with_intervals(run: Path, trials: list[Any], scorer: str,
-                   keys: dict[tuple[str, int, int], str]) -> pd.DataFrame:
-    """evaluation.csv plus a bootstrap 95 % interval over trials for each row.
+def evaluation_table(run: Path, trials: list[Any], scorer: str,
+                     keys: dict[tuple[str, int, int], str]) -> pd.DataFrame:
+    """The sweep's table, rebuilt from the run's records, with a bootstrap 95 % interval
+    over trials for each row.
 
-    ``keys``: (method, k, seed) -> head-set key of the job (:func:`job_keys`).
+    One row per (method, k, seed, metric) of ``keys`` ((method, k, seed) -> head-set key,
+    :func:`job_keys`) whose records cover every trial in ``trials``; a job with missing
+    generations is left out (a sweep still running, or a grid that a later call grew).
+    ``evaluation.csv`` holds only the last ``evaluate`` call's jobs; the records hold every
+    finished generation, so the report reads those, and sweeps run on different grids
+    (a ragged grid) report together. ``value`` is the mean over trials, as ``evaluate``
+    computes it.
     """
-    ev = pd.read_csv(run / "evaluation.csv")
     per = per_trial_frame(run, trials, scorer)
-    lows, highs = [], []
-    for _, r in ev.iterrows():
-        key = keys[(r["method"], int(r["k"]), int(r["seed"]))]
-        v = per[(per["heads_key"] == key) & (per["metric"] == r["metric"])]["value"].to_numpy()
-        lo, hi = _bootstrap(v) if len(v) else (np.nan, np.nan)
-        lows.append(lo)
-        highs.append(hi)
-    ev["ci_low"], ev["ci_high"] = lows, highs
-    return ev
+    n = len({t.trial_id for t in trials})
+    rows = []
+    for (method, k, seed), key in keys.items():
+        sub = per[per["heads_key"] == key] if len(per) else per
+        if sub.empty or sub["trial"].nunique() < n:
+            continue
+        for metric, g in sub.groupby("metric", sort=False):
+            v = g["value"].to_numpy()
+            lo, hi = _bootstrap(v)
+            rows.append({"method": method, "k": k, "seed": seed, "metric": metric,
+                         "value": float(v.mean()), "n_trials": len(v),
+                         "ci_low": lo, "ci_high": hi})
+    return pd.DataFrame(rows, columns=["method", "k", "seed", "metric", "value",
+                                       "n_trials", "ci_low", "ci_high"])
 
 
-def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int
-             ) -> dict[tuple[str, int, int], str]:
-    """(method, k, seed) -> head-set key, from the same jobs :func:`ablate` ran."""
+def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
+             control: bool = False) -> dict[tuple[str, int, int], str]:
+    """(method, k, seed) -> head-set key, from the same jobs :func:`ablate` ran (with
+    ``control``: the control runs' grid, ``--control-ks`` and ``--control-seeds``)."""
     from locos_tl.evaluate import build_jobs
 
-    jobs = build_jobs(rankings_for_ablation(scores, args.methods), _ints(args.ks),
-                      n_layers=L, n_heads=H, seeds=_ints(args.random_seeds), random=True,
+    ks, seeds = args.ks, args.random_seeds
+    if control:
+        ks, seeds = args.control_ks or ks, args.control_seeds or seeds
+    jobs = build_jobs(rankings_for_ablation(scores, args.methods), _ints(ks),
+                      n_layers=L, n_heads=H, seeds=_ints(seeds), random=True,
                       bottom="locos")
     return {(j.method, j.k, j.seed): j.key for j in jobs}
 
@@ -470,27 +489,20 @@ def _floats(text: str) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- report
-def headline(args: argparse.Namespace, out: Path, k_head: int,
-             keys: dict[tuple[str, int, int], str]) -> pd.DataFrame:
+def headline(tables: dict[tuple[str, int], pd.DataFrame], k_head: int) -> pd.DataFrame:
     """Baseline / LOCOS / Wu (NIAH, NoLiMa) / attention-spatial / random at ``k_head``,
-    beside the paper's Qwen3-8B numbers (ROUGE-L F, non-literal NoLiMa)."""
+    per question type and length, beside the paper's Qwen3-8B numbers (ROUGE-L F,
+    non-literal NoLiMa). ``tables``: (question, length) -> :func:`evaluation_table`."""
     paper = {"baseline": 0.40, "locos": 0.00, "wu_niah": 0.29, "wu_nolima": 0.34,
              "random": 0.40, "attention_spatial": 0.15}
-    length = _ints(args.eval_lengths)[0]
     rows = []
-    for qtype in ("onehop", "direct"):
-        run = out / "ablate" / f"{qtype}_{length}"
-        if not (run / "evaluation.csv").exists():
-            continue
-        trials = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
-        ev = with_intervals(run, trials, "nolima", keys)
-        ev.to_csv(run / "evaluation_ci.csv", index=False)
+    for (qtype, length), ev in tables.items():
         for method, ref in paper.items():
             sel = ev[(ev["metric"] == "rougeL") & (ev["method"] == method)
                      & (ev["k"] == (0 if method == "baseline" else k_head))]
             if sel.empty:
                 continue
-            rows.append({"question": qtype, "method": method,
+            rows.append({"question": qtype, "length": length, "method": method,
                          "k": 0 if method == "baseline" else k_head,
                          "rougeL": sel["value"].mean(), "ci_low": sel["ci_low"].mean(),
                          "ci_high": sel["ci_high"].mean(), "n_trials": int(sel["n_trials"].iloc[0]),
@@ -507,7 +519,18 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     ks = _ints(args.ks)
     k_head = max(ks)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    head = headline(args, out, k_head, job_keys(args, scores, L, H))
+    keys = job_keys(args, scores, L, H)
+    tables = {}  # (question, length) -> the sweep's table, from the records
+    for length in _ints(args.eval_lengths):
+        for qtype in ("onehop", "direct"):
+            run = out / "ablate" / f"{qtype}_{length}"
+            if not (run / "trials.jsonl").exists():
+                continue
+            trials = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
+            ev = evaluation_table(run, trials, "nolima", keys)
+            ev.to_csv(run / "evaluation_ci.csv", index=False)
+            tables[qtype, length] = ev
+    head = headline(tables, k_head)
     head.to_csv(out / "headline.csv", index=False)
     summary: dict[str, Any] = {"model": args.model, "n_layers": L, "n_heads": H,
                                "preset": args.preset, "settings": vars(args)}
@@ -525,24 +548,28 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
                 top = scores[name].top_k(min(k_head, L * H))
                 summary.setdefault("top_k_on_full_layers", {})[name] = sum(
                     1 for l, _ in top if l in full)
-    length = _ints(args.eval_lengths)[0]
+    controls = {}  # the control runs' tables, from their records
+    for control in ("parametric", "arithmetic"):
+        c = out / "ablate" / f"control_{control}"
+        if (c / "trials.jsonl").exists():
+            controls[control] = evaluation_table(
+                c, _load(out / "trials" / f"control_{control}.jsonl"), "control",
+                job_keys(args, scores, L, H, control=True))
+    length = _ints(args.eval_lengths)[0]  # DS(k) at the first length
     ds_rows = []
-    for qtype in ("onehop", "direct"):
-        r = out / "ablate" / f"{qtype}_{length}" / "evaluation.csv"
-        if not r.exists():
+    for (qtype, at), ev in tables.items():
+        if ev.empty:
             continue
-        ev = pd.read_csv(r)
         fig = lt.plot.ablation_curves(ev, metrics=["rougeL", "contains"],
-                                      title=f"{args.model}: {qtype} at {length} tokens")
-        _write(fig, figs / f"ablation_{qtype}_{length}")
-        for control in ("parametric", "arithmetic"):
-            c = out / "ablate" / f"control_{control}" / "evaluation.csv"
-            if not c.exists():
-                continue
+                                      title=f"{args.model}: {qtype} at {at} tokens")
+        _write(fig, figs / f"ablation_{qtype}_{at}")
+        if at != length:
+            continue
+        for control, cev in controls.items():
             # the paper's metrics (ROUGE-L F / exact match), and "contains" on both
             # sides: a chat model that answers in a sentence scores exact match 0
             for r_metric, c_metric in DS_METRICS:
-                ds = dissociation_score(ev, pd.read_csv(c), retrieval_metric=r_metric,
+                ds = dissociation_score(ev, cev, retrieval_metric=r_metric,
                                         control_metric=c_metric)
                 ds["question"], ds["control"] = qtype, control
                 ds["retrieval_metric"], ds["control_metric"] = r_metric, c_metric
@@ -584,7 +611,7 @@ PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "detect/meta.json",
              "patch/agreement_*_cri.csv", "compress/accuracy.csv",
              "compress/compression.csv",  # every compressed answer
-             "ablate/*/evaluation_ci.csv", "ablate/*/evaluation.csv",
+             "ablate/*/evaluation_ci.csv",  # every job of the grid, from the records
              "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
              "heads/*/head_scores.json", "heads/*/heads.json",
              "figures/*.png", "stages/*.done")  # CRI: heads/cri

@@ -130,3 +130,41 @@ def test_compression_accuracy_counts_trials(script) -> None:
     assert acc.loc[("wu", "onehop"), "accuracy"] == 0.5
     assert (acc["n_trials"] == 2).all()
     assert acc.loc[("wu", "direct"), ["ci_low", "ci_high"]].tolist() == [1.0, 1.0]
+
+
+def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path) -> None:
+    """``evaluation.csv`` holds the last ``evaluate`` call's jobs; the report's table is
+    rebuilt from the run's records, so sweeps on different grids report together. It
+    equals each call's own table, and leaves out a job with a missing trial."""
+    from planted import PLANTED, build_planted, planted_trials
+
+    from locos_tl.evaluate import build_jobs, evaluate
+    from locos_tl.models import load_model
+
+    model = load_model(build_planted(tmp_path / "m"), device="cpu")
+    trials = planted_trials(model.tokenizer, 3)
+    sets = {"locos": [PLANTED, (0, 0)], "other": [(0, 1), (0, 0)]}
+    kw = dict(mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
+              progress=False, out_dir=tmp_path / "run")
+    first = evaluate(model, trials, {"locos": sets["locos"]}, k=(1,), random=False, **kw)
+    second = evaluate(model, trials, sets, k=(2,), **kw)  # another grid, same run
+    last = pd.read_csv(tmp_path / "run" / "evaluation.csv")
+    assert set(last["k"]) == {0, 2}  # the first call's k = 1 is not in it
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    keys = {(j.method, j.k, j.seed): j.key  # the union grid: k 1 and 2 of every set
+            for j in build_jobs(sets, (1, 2), n_layers=L, n_heads=H, seeds=(0,),
+                                bottom=None)}
+    table = script.evaluation_table(tmp_path / "run", trials, "nolima", keys)
+    cols = ["method", "k", "seed", "metric"]
+    expected = pd.concat([first, second]).drop_duplicates(cols)  # baseline in both
+    got = expected.merge(table, on=cols, suffixes=("", "_table"))
+    assert len(got) == len(expected) == len(table)  # never-run jobs (other/random k 1) left out
+    assert set(zip(table["method"], table["k"], strict=True)) == {
+        ("baseline", 0), ("locos", 1), ("locos", 2), ("other", 2), ("random", 2)}
+    assert got["value"].to_numpy() == pytest.approx(got["value_table"].to_numpy(), abs=1e-12)
+    assert (got["n_trials"] == got["n_trials_table"]).all()
+    assert ((table["ci_low"] <= table["value"] + 1e-12)
+            & (table["value"] <= table["ci_high"] + 1e-12)).all()
+    # a trial the records lack: every job is incomplete, so none is reported
+    more = planted_trials(model.tokenizer, 4)
+    assert script.evaluation_table(tmp_path / "run", more, "nolima", keys).empty
