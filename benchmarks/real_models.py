@@ -67,10 +67,11 @@ PRESETS: dict[str, dict[str, Any]] = {
                  methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
                  fractions="0.05,0.1,0.2,0.5,1.0", ks="1,5,10,20,50",
                  questions="onehop,direct"),
-    # what a 2-core CPU affords (the committed SmolLM2 results, grown over three
-    # sessions with --workers 2: about 3,300 ablated generations): the k sweep of every
+    # what a 2-core CPU affords (the committed SmolLM2 results, grown over four
+    # sessions with --workers 2: about 4,800 ablated generations): the k sweep of every
     # ranking on the literal (direct) questions, where these small models retrieve; the
-    # non-literal headline cell is an extra run (docs/real_models.md, "Reproduce")
+    # non-literal sweep and 2000 tokens are extra runs on smaller grids
+    # (docs/real_models.md, "Reproduce")
     "cpu": dict(n_detect=60, n_eval=60, n_niah=12, n_control=12, n_cri=3, n_compress=40,
                 eval_lengths="1000", random_seeds="0,1,2", ks="1,5,10,20,50",
                 questions="direct",

@@ -44,9 +44,9 @@ def compression_curves(
     allocations gets one line per allocation (``locos · proportional``), told apart by
     the dash.
 
-    Head-guided compression is the efficiency use of retrieval heads argued by Gema, Alex
-    & Minervini (2026, arXiv 2607.01002); budget allocation as in HeadKV (Fu et al.
-    2025, arXiv 2410.19258). See ``docs/compression.md``.
+    Budget allocation as in HeadKV (Fu et al. 2025, arXiv 2410.19258), here guided by
+    any head ranking (LOCOS: Gema, Alex & Minervini 2026, arXiv 2607.01002). See
+    ``docs/compression.md``.
 
     Args:
         df: the tidy frame of :func:`locos_tl.compress.compression_sweep`, one row per
