@@ -308,8 +308,6 @@ def per_trial_frame(run: Path, trials: list[Any], scorer: str) -> pd.DataFrame:
 
     fn = get_scorer(scorer)
     by_id = {t.trial_id: t for t in trials}
-    meta = json.loads((run / "meta.json").read_text())
-    sets = meta.get("settings", meta).get("head_sets", {})
     rows = []
     with open(run / "trials.jsonl") as f:
         for line in f:
@@ -320,9 +318,7 @@ def per_trial_frame(run: Path, trials: list[Any], scorer: str) -> pd.DataFrame:
             for metric, v in fn(rec["response"], t).items():
                 rows.append({"heads_key": rec["heads_key"], "trial": rec["trial"],
                              "metric": metric, "value": float(v)})
-    df = pd.DataFrame(rows)
-    df.attrs["head_sets"] = sets
-    return df
+    return pd.DataFrame(rows, columns=["heads_key", "trial", "metric", "value"])
 
 
 def evaluation_table(run: Path, trials: list[Any], scorer: str,
@@ -342,8 +338,8 @@ def evaluation_table(run: Path, trials: list[Any], scorer: str,
     n = len({t.trial_id for t in trials})
     rows = []
     for (method, k, seed), key in keys.items():
-        sub = per[per["heads_key"] == key] if len(per) else per
-        if sub.empty or sub["trial"].nunique() < n:
+        sub = per[per["heads_key"] == key]
+        if sub["trial"].nunique() < n:
             continue
         for metric, g in sub.groupby("metric", sort=False):
             v = g["value"].to_numpy()
