@@ -302,25 +302,6 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
                     out_dir=out / "ablate" / f"control_{name}", **control)
 
 
-def per_trial_frame(run: Path, trials: list[Any], scorer: str) -> pd.DataFrame:
-    """One row per (head set, trial, metric) from an evaluation run's records."""
-    from locos_tl.task_metrics import get_scorer
-
-    fn = get_scorer(scorer)
-    by_id = {t.trial_id: t for t in trials}
-    rows = []
-    with open(run / "trials.jsonl") as f:
-        for line in f:
-            rec = json.loads(line)
-            t = by_id.get(rec["trial"])
-            if t is None:
-                continue
-            for metric, v in fn(rec["response"], t).items():
-                rows.append({"heads_key": rec["heads_key"], "trial": rec["trial"],
-                             "metric": metric, "value": float(v)})
-    return pd.DataFrame(rows, columns=["heads_key", "trial", "metric", "value"])
-
-
 def evaluation_table(run: Path, trials: list[Any], scorer: str,
                      keys: dict[tuple[str, int, int], str]) -> pd.DataFrame:
     """The sweep's table, rebuilt from the run's records, with a bootstrap 95 % interval
@@ -329,12 +310,14 @@ def evaluation_table(run: Path, trials: list[Any], scorer: str,
     One row per (method, k, seed, metric) of ``keys`` ((method, k, seed) -> head-set key,
     :func:`job_keys`) whose records cover every trial in ``trials``; a job with missing
     generations is left out (a sweep still running, or a grid that a later call grew).
-    ``evaluation.csv`` holds only the last ``evaluate`` call's jobs; the records hold every
-    finished generation, so the report reads those, and sweeps run on different grids
-    (a ragged grid) report together. ``value`` is the mean over trials, as ``evaluate``
-    computes it.
+    The records hold every finished generation, so sweeps run on different grids (a
+    ragged grid) report together. The runs published so far predate ``jobs.json``
+    (:func:`locos_tl.load_evaluation`), so the cells come from the grid the report is
+    given. ``value`` is the mean over trials, as ``evaluate`` computes it.
     """
-    per = per_trial_frame(run, trials, scorer)
+    from locos_tl.run_table import score_records
+
+    per = score_records(run, trials, scorer)
     n = len({t.trial_id for t in trials})
     rows = []
     for (method, k, seed), key in keys.items():

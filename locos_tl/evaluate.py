@@ -10,6 +10,8 @@ with the drop on parametric / arithmetic prompts: :func:`dissociation_score`.
 
 Runs are resumable: every (head set, trial) generation is one JSON line in
 ``out_dir/trials.jsonl``; identical head sets (across methods or k) are generated once.
+``out_dir/jobs.json`` keeps every cell any call asked for, so a directory grown by calls
+on different grids reads back as one table (:func:`locos_tl.run_table.load_evaluation`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_dtype, model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
+from locos_tl.run_table import COLUMNS, load_evaluation, record_jobs
 from locos_tl.score import check_trials_fit
 from locos_tl.stops import StopRule, check_stop_rule
 from locos_tl.task_metrics import DEFAULT_CONTROL_METRIC, Scorer, get_scorer, scorer_name
@@ -49,7 +52,6 @@ BASELINE = "baseline"
 RANDOM = "random"
 RESUME_KEYS = ("model", "dtype", "mode", "means_hash", "max_new_tokens", "stop_at_newline",
                "stop_rule", "thinking")
-COLUMNS = ["method", "k", "seed", "metric", "value", "n_trials"]
 
 
 @dataclass(frozen=True)
@@ -211,7 +213,10 @@ def evaluate(
             ``contains``; the specificity controls) or a callable
             ``(response, trial) -> {metric: value}``.
         out_dir: run directory (``trials.jsonl`` generations, ``meta.json`` provenance,
-            ``evaluation.csv``); a rerun with the same settings skips finished work.
+            ``jobs.json`` cells, ``evaluation.csv``); a rerun with the same settings
+            skips finished work. ``evaluation.csv`` is the directory's table
+            (:func:`locos_tl.run_table.load_evaluation`): this call's cells and those of
+            earlier calls whose generations cover ``trials``.
         max_new_tokens: greedy decoding budget.
         stop_at_newline: stop at a newline (off for multi-line answers such as MuSiQue).
         chunk_size: prefill query chunk (memory ``O(chunk_size x N)`` per layer).
@@ -236,9 +241,10 @@ def evaluate(
             ``load_kwargs``, ``num_gpus_per_worker``, ...).
 
     Returns:
-        Tidy DataFrame, one row per (method, k, seed, metric): ``value`` is the mean
-        over trials (in [0, 1]), ``n_trials`` the count. Deterministic methods have
-        ``seed = 0``; the baseline row is ``method="baseline", k=0``.
+        Tidy DataFrame of this call's cells, one row per (method, k, seed, metric):
+        ``value`` is the mean over trials (in [0, 1]), ``n_trials`` the count.
+        Deterministic methods have ``seed = 0``; the baseline row is
+        ``method="baseline", k=0``.
 
     Raises:
         ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``.
@@ -298,6 +304,7 @@ def evaluate(
     meta = provenance(model, settings)
     if store is not None:
         store.write_meta(meta)
+        record_jobs(out_dir, jobs)  # before any generation: an interrupted cell is known
 
     sets = {j.key: j.heads for j in jobs}  # unique head sets, in job order
     responses: dict[tuple[str, str], str] = {}
@@ -360,8 +367,9 @@ def evaluate(
                          "value": float(np.mean([v[metric] for v in vals])),
                          "n_trials": len(vals)})
     df = pd.DataFrame(rows, columns=COLUMNS)
-    if out_dir is not None:
-        df.to_csv(Path(out_dir) / "evaluation.csv", index=False)
+    if out_dir is not None:  # the directory's table: this call's cells and earlier ones
+        load_evaluation(out_dir, trials, score_fn).to_csv(Path(out_dir) / "evaluation.csv",
+                                                          index=False)
     return df
 
 

@@ -152,6 +152,44 @@ def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
     assert json.loads((run / "meta.json").read_text())["settings"]["n_trials"] == 2
 
 
+def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> None:
+    """Calls on different grids grow one directory; ``evaluation.csv`` and
+    ``load_evaluation`` hold every cell, each equal to the call that made it, and a cell
+    without every trial is left out (not averaged over fewer)."""
+    from locos_tl.errors import LocosError
+    from locos_tl.run_table import load_evaluation, read_jobs
+
+    model, trials = planted
+    kw = dict(mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
+              progress=False, out_dir=tmp_path / "run")
+    sets = {"locos": [PLANTED, (0, 0)], "other": [(0, 1), (0, 0)]}
+    first = evaluate(model, trials, {"locos": sets["locos"]}, k=(1,), random=False, **kw)
+    second = evaluate(model, trials, sets, k=(2,), **kw)
+    cells = {(j["method"], j["k"], j["seed"]) for j in read_jobs(tmp_path / "run")}
+    assert cells == {(BASELINE, 0, 0), ("locos", 1, 0), ("locos", 2, 0), ("other", 2, 0),
+                     ("random", 2, 0)}
+    cols = ["method", "k", "seed", "metric"]
+    made = pd.concat([first, second]).drop_duplicates(cols).sort_values(cols)
+    table = load_evaluation(tmp_path / "run", trials).sort_values(cols)
+    on_disk = pd.read_csv(tmp_path / "run" / "evaluation.csv").sort_values(cols)
+    for got in (table, on_disk):  # the first call's k = 1 survives the second call
+        pd.testing.assert_frame_equal(got.reset_index(drop=True), made.reset_index(drop=True),
+                                      check_exact=got is table, rtol=1e-15)
+    per = load_evaluation(tmp_path / "run", trials, per_trial=True)
+    assert len(per) == len(table) * len(trials)
+    means = per.groupby(cols)["value"].mean().sort_index()
+    assert means.to_numpy() == pytest.approx(
+        table.set_index(cols)["value"].sort_index().to_numpy(), abs=1e-12)
+    # a custom scorer reads the same records (responses are stored, not scores)
+    lens = load_evaluation(tmp_path / "run", trials, lambda r, t: {"chars": len(r)})
+    assert set(lens["metric"]) == {"chars"} and len(lens) == len(cells)
+    assert load_evaluation(tmp_path / "run", trials[:1])["n_trials"].eq(1).all()
+    more = planted_trials(model.tokenizer, 3)  # a trial no generation covers
+    assert load_evaluation(tmp_path / "run", more).empty
+    with pytest.raises(LocosError, match="no jobs.json"):
+        load_evaluation(tmp_path / "empty", trials)
+
+
 def test_evaluate_refuses_a_run_made_in_another_dtype(planted, tmp_path) -> None:
     from locos_tl.errors import LocosError
 

@@ -133,9 +133,10 @@ def test_compression_accuracy_counts_trials(script) -> None:
 
 
 def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path) -> None:
-    """``evaluation.csv`` holds the last ``evaluate`` call's jobs; the report's table is
-    rebuilt from the run's records, so sweeps on different grids report together. It
-    equals each call's own table, and leaves out a job with a missing trial."""
+    """The report's table is rebuilt from the run's records for the grid it is given, so
+    sweeps on different grids report together (also for runs without ``jobs.json``). It
+    equals each call's own table and the library's, and leaves out a job with a missing
+    trial."""
     from planted import PLANTED, build_planted, planted_trials
 
     from locos_tl.evaluate import build_jobs, evaluate
@@ -148,8 +149,7 @@ def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path
               progress=False, out_dir=tmp_path / "run")
     first = evaluate(model, trials, {"locos": sets["locos"]}, k=(1,), random=False, **kw)
     second = evaluate(model, trials, sets, k=(2,), **kw)  # another grid, same run
-    last = pd.read_csv(tmp_path / "run" / "evaluation.csv")
-    assert set(last["k"]) == {0, 2}  # the first call's k = 1 is not in it
+    (tmp_path / "run" / "jobs.json").unlink()  # as the runs published before it
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     keys = {(j.method, j.k, j.seed): j.key  # the union grid: k 1 and 2 of every set
             for j in build_jobs(sets, (1, 2), n_layers=L, n_heads=H, seeds=(0,),
@@ -168,3 +168,8 @@ def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path
     # a trial the records lack: every job is incomplete, so none is reported
     more = planted_trials(model.tokenizer, 4)
     assert script.evaluation_table(tmp_path / "run", more, "nolima", keys).empty
+    library = pd.read_csv(tmp_path / "run" / "evaluation.csv")  # the directory's table
+    both = library.merge(table, on=cols, suffixes=("", "_table"))
+    assert len(both) == len(library) == len(table)
+    assert both["value"].to_numpy() == pytest.approx(both["value_table"].to_numpy(),
+                                                     abs=1e-12)

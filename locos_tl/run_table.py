@@ -1,0 +1,146 @@
+"""The table of an ablation run directory, rebuilt from its generation records.
+
+:func:`locos_tl.evaluate` keeps one JSON line per (head set, trial) generation in
+``trials.jsonl`` and, in ``jobs.json``, every sweep cell (method, k, seed -> head set)
+that any call on the directory asked for. Sweeps grow: a first call at k = 5 and 10, a
+second at k = 20 with more random seeds, a third that extends the run to 60 trials
+(``extend=True``). :func:`load_evaluation` reads the whole directory back as one table,
+so no call's cells are lost to a later call on a smaller grid; a cell whose generations
+do not cover every trial (a sweep still running, a run grown after it) is left out, never
+averaged over fewer trials.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+
+from locos_tl.errors import LocosError
+from locos_tl.records import read_records
+from locos_tl.task_metrics import Scorer, get_scorer
+from locos_tl.trials import Trial, as_trial_list
+
+if TYPE_CHECKING:
+    from locos_tl.evaluate import AblationJob
+
+JOBS_FILE = "jobs.json"
+#: one row per (method, k, seed, metric) (``evaluate``'s table)
+COLUMNS = ["method", "k", "seed", "metric", "value", "n_trials"]
+#: one row per (method, k, seed, trial, metric)
+PER_TRIAL_COLUMNS = ["method", "k", "seed", "trial", "metric", "value"]
+
+
+def read_jobs(out_dir: str | Path) -> list[dict[str, Any]]:
+    """The sweep cells recorded in ``out_dir/jobs.json`` (``[]`` if there is none):
+    dicts with ``method``, ``k``, ``seed``, ``heads_key`` and ``heads``."""
+    path = Path(out_dir) / JOBS_FILE
+    if not path.exists():
+        return []
+    return list(json.loads(path.read_text())["jobs"])
+
+
+def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob]) -> Path:
+    """Add ``jobs`` to ``out_dir/jobs.json``, keeping the cells earlier calls recorded.
+
+    A cell (method, k, seed) asked for again takes the new head set (a ranking scored
+    anew); the generations of the old set stay in ``trials.jsonl``.
+    """
+    cells = {(j["method"], j["k"], j["seed"]): j for j in read_jobs(out_dir)}
+    for j in jobs:
+        cells[(j.method, j.k, j.seed)] = {"method": j.method, "k": j.k, "seed": j.seed,
+                                          "heads_key": j.key,
+                                          "heads": [list(h) for h in j.heads]}
+    path = Path(out_dir) / JOBS_FILE
+    path.write_text(json.dumps({"jobs": list(cells.values())}, indent=1))
+    return path
+
+
+def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "nolima", *,
+                    per_trial: bool = False) -> pd.DataFrame:
+    """Every cell an ablation run directory holds, scored on ``trials`` from its records.
+
+    Args:
+        out_dir: a run directory of :func:`locos_tl.evaluate` (``out_dir=``) or
+            ``locos ablate``.
+        trials: the trials the table is over (the list given to ``evaluate``; with
+            ``extend``, the largest). A cell is reported only if the directory holds its
+            generation for every one of them.
+        scorer: as in :func:`locos_tl.evaluate` (``"nolima"``: ROUGE-L F and
+            ``contains``; ``"control"``; ...; or a callable ``(response, trial) ->
+            {metric: value}``); the records store responses, so any scorer applies.
+        per_trial: one row per (method, k, seed, trial, metric) instead of the mean
+            (for paired comparisons and bootstrap intervals over trials).
+
+    Returns:
+        ``evaluate``'s tidy table: one row per (method, k, seed, metric), ``value`` the
+        mean over trials (in [0, 1] for the built-in scorers: ROUGE-L F-measure, 0/1
+        ``contains``), ``n_trials`` their count, in the order the cells were first
+        asked for. With ``per_trial``: columns method, k, seed, trial, metric, value.
+
+    Raises:
+        LocosError: ``out_dir`` has no ``jobs.json`` (not an ``evaluate`` run, or one
+            written before the cells were recorded: rerunning the same ``evaluate``
+            call there reuses every generation and writes it).
+        TrialError: ``trials`` is one bare Trial or holds a non-Trial.
+        ValueError: unknown scorer.
+    """
+    trials = as_trial_list(trials, "load_evaluation")
+    jobs = read_jobs(out_dir)
+    if not jobs:
+        raise LocosError(
+            f"{out_dir} has no {JOBS_FILE}: it is not a run directory of "
+            "locos_tl.evaluate, or it was written before runs recorded their cells; "
+            "rerun the same evaluate call on it (finished generations are reused) to "
+            "write it")
+    scores = _scores(out_dir, trials, get_scorer(scorer))
+    rows = []
+    for j in jobs:
+        pairs = [(j["heads_key"], t.trial_id) for t in trials]
+        if not trials or any(p not in scores for p in pairs):
+            continue  # a cell without every trial is not averaged over fewer
+        vals = [scores[p] for p in pairs]
+        cell = {"method": j["method"], "k": int(j["k"]), "seed": int(j["seed"])}
+        if per_trial:
+            rows += [{**cell, "trial": t.trial_id, "metric": m, "value": v[m]}
+                     for t, v in zip(trials, vals, strict=True) for m in v]
+        else:  # np.mean over the trials in order: evaluate's own values, bit for bit
+            rows += [{**cell, "metric": m, "value": float(np.mean([v[m] for v in vals])),
+                      "n_trials": len(vals)} for m in vals[0]]
+    return pd.DataFrame(rows, columns=PER_TRIAL_COLUMNS if per_trial else COLUMNS)
+
+
+def score_records(out_dir: str | Path, trials: Any,
+                  scorer: str | Scorer = "nolima") -> pd.DataFrame:
+    """Every generation of a run directory on one of ``trials``, scored: one row per
+    (head set, trial, metric), columns ``heads_key``, ``trial``, ``metric``, ``value``.
+
+    For a directory without ``jobs.json``, where only the caller knows which head set
+    (:func:`locos_tl.evaluate.heads_key`) is which cell.
+
+    Raises:
+        TrialError: ``trials`` is one bare Trial or holds a non-Trial.
+        ValueError: unknown scorer.
+    """
+    trials = as_trial_list(trials, "score_records")
+    scores = _scores(out_dir, trials, get_scorer(scorer))
+    return pd.DataFrame([{"heads_key": key, "trial": tid, "metric": m, "value": v}
+                         for (key, tid), vals in scores.items() for m, v in vals.items()],
+                        columns=["heads_key", "trial", "metric", "value"])
+
+
+def _scores(out_dir: str | Path, trials: list[Trial],
+            score_fn: Scorer) -> dict[tuple[str, str], dict[str, float]]:
+    """(head-set key, trial id) -> {metric: value} for every record on one of ``trials``."""
+    by_id = {t.trial_id: t for t in trials}
+    out = {}
+    for rec in read_records(out_dir).values():
+        t = by_id.get(rec.get("trial"))
+        if t is not None:
+            out[(rec["heads_key"], t.trial_id)] = {
+                m: float(v) for m, v in score_fn(rec["response"], t).items()}
+    return out
