@@ -597,7 +597,7 @@ if ev is not None:
     cols = ["method", "k", "seed", "value", "ci_low", "ci_high", "n_trials"]
     print(ev[ev.metric == "contains"][cols].round(3).to_string(index=False))'''),
         new_code_cell('''\
-# the non-literal questions (k 5-50; DLA and attention-spatial at k = 50 only)
+# the non-literal questions (every ranking, k 1-50)
 oh = runs.get("onehop_1000")
 (plot.ablation_curves(oh, metrics=["contains", "rougeL"],
                       title="SmolLM2: non-literal (onehop) questions, 1000 tokens")
