@@ -173,3 +173,26 @@ def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path
     assert len(both) == len(library) == len(table)
     assert both["value"].to_numpy() == pytest.approx(both["value_table"].to_numpy(),
                                                      abs=1e-12)
+
+
+def test_headline_row_per_length_at_the_largest_k_that_was_run(script) -> None:
+    """k_head where the grid has it; a length swept at one smaller k reports that k, not
+    the baseline alone; random is the mean over its seeds."""
+
+    def table(cells):
+        return pd.DataFrame([{"method": m, "k": k, "seed": s, "metric": "rougeL",
+                              "value": v, "n_trials": 60, "ci_low": v, "ci_high": v}
+                             for m, k, s, v in cells])
+
+    full = table([("baseline", 0, 0, 0.5), ("locos", 10, 0, 0.2), ("locos", 50, 0, 0.0),
+                  ("random", 50, 0, 0.4), ("random", 50, 1, 0.2)])
+    small = table([("baseline", 0, 0, 0.4), ("locos", 10, 0, 0.1), ("random", 10, 0, 0.3),
+                   ("random", 10, 1, 0.1), ("random", 10, 2, 0.2)])
+    head = script.headline({("direct", 1000): full, ("direct", 2000): small}, 50)
+    got = {(r.length, r.method): (r.k, r.rougeL) for r in head.itertuples()}
+    assert got[(1000, "locos")] == (50, 0.0)
+    assert got[(1000, "random")] == (50, pytest.approx(0.3))
+    assert got[(2000, "baseline")] == (0, 0.4)
+    assert got[(2000, "locos")] == (10, 0.1)
+    assert got[(2000, "random")] == (10, pytest.approx(0.2))
+    assert head["paper_qwen3_8b"].isna().all()  # the paper's numbers are non-literal

@@ -427,7 +427,7 @@ def ablate(
     write_figure(ablation_curves(df, title=f"Ablation ({mode}) of the top-k heads"),
                  out / "ablation.html")
     typer.echo("\n" + summarize(df).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
-    written = "evaluation.csv, meta.json, trials.jsonl, ablation.html"
+    written = "evaluation.csv, jobs.json, meta.json, trials.jsonl, ablation.html"
     if ds is not None:
         from locos_tl.plot import dissociation
 
