@@ -186,5 +186,6 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.models import load_model
     from locos_tl.patching import corrupt_tokens, patch_heads
     from locos_tl.phi import phi_tensor
+    from locos_tl.run_table import load_evaluation
     from locos_tl.score import score_trials
     from locos_tl.trials import Trial, load_trials, save_trials

@@ -41,7 +41,7 @@ from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_dtype, model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
-from locos_tl.run_table import COLUMNS, load_evaluation, record_jobs
+from locos_tl.run_table import COLUMNS, directory_table, read_jobs, record_jobs
 from locos_tl.score import check_trials_fit
 from locos_tl.stops import StopRule, check_stop_rule
 from locos_tl.task_metrics import DEFAULT_CONTROL_METRIC, Scorer, get_scorer, scorer_name
@@ -302,9 +302,9 @@ def evaluate(
                          extend_to={t.trial_id for t in trials} if extend else None)
              if out_dir is not None else None)
     meta = provenance(model, settings)
-    if store is not None:
+    if store is not None:  # the cells first (an unreadable jobs.json fails here)
+        _record_cells(out_dir, jobs, head_sets, L, H, fresh=not store.records)
         store.write_meta(meta)
-        record_jobs(out_dir, jobs)  # before any generation: an interrupted cell is known
 
     sets = {j.key: j.heads for j in jobs}  # unique head sets, in job order
     responses: dict[tuple[str, str], str] = {}
@@ -356,8 +356,9 @@ def evaluate(
     bar.close()
 
     per_trial = {t.trial_id: t for t in trials}
-    metric_cache: dict[tuple[str, str], dict[str, float]] = {
-        kt: score_fn(resp, per_trial[kt[1]]) for kt, resp in responses.items()
+    metric_cache: dict[tuple[str, str], dict[str, float]] = {  # floats, as load_evaluation
+        kt: {m: float(v) for m, v in score_fn(resp, per_trial[kt[1]]).items()}
+        for kt, resp in responses.items()
     }
     rows = []
     for j in jobs:
@@ -368,9 +369,39 @@ def evaluate(
                          "n_trials": len(vals)})
     df = pd.DataFrame(rows, columns=COLUMNS)
     if out_dir is not None:  # the directory's table: this call's cells and earlier ones
-        load_evaluation(out_dir, trials, score_fn).to_csv(Path(out_dir) / "evaluation.csv",
-                                                          index=False)
+        cells = read_jobs(out_dir)
+        table = directory_table(out_dir, trials, score_fn, cells, known=metric_cache)
+        table.to_csv(Path(out_dir) / "evaluation.csv", index=False)
+        have = set(zip(table["method"], table["k"], table["seed"], strict=True))
+        short = [f"{c['method']} k={c['k']}" + (f" seed={c['seed']}" if c["method"] == RANDOM
+                                                else "")
+                 for c in cells if (c["method"], c["k"], c["seed"]) not in have]
+        if short:
+            warnings.warn(f"{len(short)} cell(s) recorded in {out_dir} lack a generation "
+                          f"for some of the {len(trials)} trials and are left out of "
+                          f"evaluation.csv ({', '.join(short[:6])}"
+                          f"{', ...' if len(short) > 6 else ''}): rerun with those k and "
+                          "seeds to fill them", stacklevel=2)
     return df
+
+
+def _record_cells(out_dir: str | Path, jobs: Sequence[AblationJob],
+                  head_sets: Mapping[str, Sequence[HeadLike] | HeadScores], L: int, H: int,
+                  *, fresh: bool) -> None:
+    """Record this call's cells in ``jobs.json`` with every ranking in full, so earlier
+    cells of a ranking scored anew leave the table (warned)."""
+    rankings = {name: _ranking(hs, name, L, H) for name, hs in head_sets.items()}
+    for j in jobs:  # the bottom-k control ranks its source from the bottom
+        src = j.method.removesuffix("_bottom")
+        if j.method.endswith("_bottom") and isinstance(head_sets.get(src), HeadScores):
+            rankings[j.method] = head_sets[src].ranked(False)
+    dropped = record_jobs(out_dir, jobs, rankings=rankings, fresh=fresh)
+    if dropped:
+        warnings.warn(f"{out_dir}: the rankings given now differ from the ones its earlier "
+                      f"cells used; {len(dropped)} earlier cell(s) leave its table "
+                      f"({', '.join(f'{m} k={k}' for m, k, _ in dropped[:6])}"
+                      f"{', ...' if len(dropped) > 6 else ''}); their generations stay in "
+                      "trials.jsonl", stacklevel=3)
 
 
 def summarize(df: pd.DataFrame) -> pd.DataFrame:

@@ -13,7 +13,9 @@ averaged over fewer trials.
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import os
+import warnings
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,6 +29,7 @@ from locos_tl.trials import Trial, as_trial_list
 
 if TYPE_CHECKING:
     from locos_tl.evaluate import AblationJob
+    from locos_tl.heads import Head
 
 JOBS_FILE = "jobs.json"
 #: one row per (method, k, seed, metric) (``evaluate``'s table)
@@ -37,27 +40,68 @@ PER_TRIAL_COLUMNS = ["method", "k", "seed", "trial", "metric", "value"]
 
 def read_jobs(out_dir: str | Path) -> list[dict[str, Any]]:
     """The sweep cells recorded in ``out_dir/jobs.json`` (``[]`` if there is none):
-    dicts with ``method``, ``k``, ``seed``, ``heads_key`` and ``heads``."""
+    dicts with ``method``, ``k``, ``seed``, ``heads_key`` and ``heads`` (ranked).
+
+    Raises:
+        LocosError: ``jobs.json`` cannot be read (names the file and the way out).
+    """
     path = Path(out_dir) / JOBS_FILE
     if not path.exists():
         return []
-    return list(json.loads(path.read_text())["jobs"])
+    try:
+        jobs = json.loads(path.read_text())["jobs"]
+        fields = {"method", "k", "seed", "heads_key", "heads"}
+        bad = [j for j in jobs if not isinstance(j, dict) or not fields <= j.keys()]
+        if bad:
+            raise KeyError(f"a cell lacks one of {sorted(fields)}: {bad[0]!r}")
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LocosError(
+            f"{path} is not a readable list of sweep cells ({type(exc).__name__}: {exc}); "
+            f"delete it and rerun the evaluate calls on {path.parent} (finished "
+            "generations are reused; each call records its cells)") from None
+    return list(jobs)
 
 
-def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob]) -> Path:
+def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob], *,
+                rankings: Mapping[str, Sequence[Head]] | None = None,
+                fresh: bool = False) -> list[tuple[str, int, int]]:
     """Add ``jobs`` to ``out_dir/jobs.json``, keeping the cells earlier calls recorded.
 
-    A cell (method, k, seed) asked for again takes the new head set (a ranking scored
-    anew); the generations of the old set stay in ``trials.jsonl``.
+    Args:
+        out_dir: the run directory.
+        jobs: this call's cells (:func:`locos_tl.evaluate.build_jobs`).
+        rankings: method -> its full ranking in this call. An earlier cell of one of
+            these methods whose heads are not this ranking's top k (the ranking was
+            scored anew) leaves the table, so one curve never mixes two rankings; its
+            generations stay in ``trials.jsonl``.
+        fresh: start the list over (a run directory without a generation yet: cells of
+            an attempt that never generated are not this run's).
+
+    Returns:
+        The (method, k, seed) cells that left the table.
+
+    Raises:
+        LocosError: an existing ``jobs.json`` cannot be read.
     """
-    cells = {(j["method"], j["k"], j["seed"]): j for j in read_jobs(out_dir)}
-    for j in jobs:
-        cells[(j.method, j.k, j.seed)] = {"method": j.method, "k": j.k, "seed": j.seed,
-                                          "heads_key": j.key,
-                                          "heads": [list(h) for h in j.heads]}
+    old = [] if fresh else read_jobs(out_dir)
+    dropped = []
+    cells = {}
+    for j in old:
+        cell = (j["method"], int(j["k"]), int(j["seed"]))
+        ranking = (rankings or {}).get(cell[0])
+        if ranking is not None and [list(h) for h in ranking[:cell[1]]] != j["heads"]:
+            dropped.append(cell)
+            continue
+        cells[cell] = j
+    for job in jobs:
+        cells[(job.method, job.k, job.seed)] = {
+            "method": job.method, "k": job.k, "seed": job.seed, "heads_key": job.key,
+            "heads": [list(h) for h in job.heads]}
     path = Path(out_dir) / JOBS_FILE
-    path.write_text(json.dumps({"jobs": list(cells.values())}, indent=1))
-    return path
+    tmp = path.with_name(path.name + ".tmp")  # a crash never leaves a cut file
+    tmp.write_text(json.dumps({"jobs": list(cells.values())}, indent=1))
+    os.replace(tmp, path)
+    return dropped
 
 
 def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "nolima", *,
@@ -81,11 +125,12 @@ def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "no
         mean over trials (in [0, 1] for the built-in scorers: ROUGE-L F-measure, 0/1
         ``contains``), ``n_trials`` their count, in the order the cells were first
         asked for. With ``per_trial``: columns method, k, seed, trial, metric, value.
+        Empty (with a warning) when no cell covers ``trials``.
 
     Raises:
-        LocosError: ``out_dir`` has no ``jobs.json`` (not an ``evaluate`` run, or one
-            written before the cells were recorded: rerunning the same ``evaluate``
-            call there reuses every generation and writes it).
+        LocosError: ``out_dir`` has no ``jobs.json`` or one that cannot be read (not an
+            ``evaluate`` run, or one written before the cells were recorded: rerunning
+            its ``evaluate`` calls there reuses every generation and records them).
         TrialError: ``trials`` is one bare Trial or holds a non-Trial.
         ValueError: unknown scorer.
     """
@@ -93,11 +138,25 @@ def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "no
     jobs = read_jobs(out_dir)
     if not jobs:
         raise LocosError(
-            f"{out_dir} has no {JOBS_FILE}: it is not a run directory of "
-            "locos_tl.evaluate, or it was written before runs recorded their cells; "
-            "rerun the same evaluate call on it (finished generations are reused) to "
-            "write it")
-    scores = _scores(out_dir, trials, get_scorer(scorer))
+            f"{out_dir} records no sweep cell (no {JOBS_FILE}): it is not a run "
+            "directory of locos_tl.evaluate, or it was written before runs recorded "
+            "their cells; rerun its evaluate calls there (finished generations are "
+            "reused; each call records its cells)")
+    table = directory_table(out_dir, trials, get_scorer(scorer), jobs, per_trial=per_trial)
+    if table.empty and trials:
+        warnings.warn(f"no cell recorded in {out_dir} has a generation for every one of "
+                      f"the {len(trials)} trials given: are they this run's trials?",
+                      stacklevel=2)
+    return table
+
+
+def directory_table(out_dir: str | Path, trials: list[Trial], score_fn: Scorer,
+                    jobs: list[dict[str, Any]], *, per_trial: bool = False,
+                    known: Mapping[tuple[str, str], dict[str, float]] | None = None,
+                    ) -> pd.DataFrame:
+    """:func:`load_evaluation` on the cells ``jobs``; ``known`` holds scores already
+    computed ((head-set key, trial id) -> {metric: value}), so a record is scored once."""
+    scores = _scores(out_dir, trials, score_fn, {j["heads_key"] for j in jobs}, known)
     rows = []
     for j in jobs:
         pairs = [(j["heads_key"], t.trial_id) for t in trials]
@@ -108,7 +167,7 @@ def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "no
         if per_trial:
             rows += [{**cell, "trial": t.trial_id, "metric": m, "value": v[m]}
                      for t, v in zip(trials, vals, strict=True) for m in v]
-        else:  # np.mean over the trials in order: evaluate's own values, bit for bit
+        else:  # np.mean over the trials in order, as evaluate computes its own table
             rows += [{**cell, "metric": m, "value": float(np.mean([v[m] for v in vals])),
                       "n_trials": len(vals)} for m in vals[0]]
     return pd.DataFrame(rows, columns=PER_TRIAL_COLUMNS if per_trial else COLUMNS)
@@ -133,14 +192,22 @@ def score_records(out_dir: str | Path, trials: Any,
                         columns=["heads_key", "trial", "metric", "value"])
 
 
-def _scores(out_dir: str | Path, trials: list[Trial],
-            score_fn: Scorer) -> dict[tuple[str, str], dict[str, float]]:
-    """(head-set key, trial id) -> {metric: value} for every record on one of ``trials``."""
+def _scores(out_dir: str | Path, trials: list[Trial], score_fn: Scorer,
+            keys: set[str] | None = None,
+            known: Mapping[tuple[str, str], dict[str, float]] | None = None,
+            ) -> dict[tuple[str, str], dict[str, float]]:
+    """(head-set key, trial id) -> {metric: float} for every record on one of ``trials``
+    (of a head set in ``keys``, if given); ``known`` scores are reused, not recomputed."""
     by_id = {t.trial_id: t for t in trials}
     out = {}
     for rec in read_records(out_dir).values():
         t = by_id.get(rec.get("trial"))
-        if t is not None:
-            out[(rec["heads_key"], t.trial_id)] = {
-                m: float(v) for m, v in score_fn(rec["response"], t).items()}
+        key = rec.get("heads_key")
+        if t is None or (keys is not None and key not in keys):
+            continue
+        pair = (key, t.trial_id)
+        if known is not None and pair in known:
+            out[pair] = dict(known[pair])
+        else:
+            out[pair] = {m: float(v) for m, v in score_fn(rec["response"], t).items()}
     return out

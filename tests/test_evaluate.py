@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -185,9 +186,64 @@ def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> 
     assert set(lens["metric"]) == {"chars"} and len(lens) == len(cells)
     assert load_evaluation(tmp_path / "run", trials[:1])["n_trials"].eq(1).all()
     more = planted_trials(model.tokenizer, 3)  # a trial no generation covers
-    assert load_evaluation(tmp_path / "run", more).empty
+    with pytest.warns(UserWarning, match="no cell recorded"):
+        assert load_evaluation(tmp_path / "run", more).empty
     with pytest.raises(LocosError, match="no jobs.json"):
         load_evaluation(tmp_path / "empty", trials)
+
+
+def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
+        planted, tmp_path) -> None:
+    """A ranking scored anew drops the earlier cells it contradicts (warned), never mixes
+    two rankings in one curve; an unreadable jobs.json is a clear error before anything
+    is written; extend warns about the cells it leaves short; a custom scorer's numpy
+    values give the same numbers in the table and the returned frame."""
+    from locos_tl.errors import LocosError
+    from locos_tl.run_table import load_evaluation, read_jobs
+
+    model, trials = planted
+    run = tmp_path / "run"
+    kw = dict(mode="output_zero", random=False, bottom=None, max_new_tokens=2,
+              progress=False, out_dir=run)
+    a, b = [PLANTED, (0, 0), (0, 1)], [PLANTED, (0, 1), (0, 0)]
+    evaluate(model, trials, {"locos": a}, k=(1, 3), **kw)
+    with pytest.warns(UserWarning, match=r"earlier cell\(s\) leave its table \(locos k=3\)"):
+        evaluate(model, trials, {"locos": b}, k=(2,), **kw)  # b[:1] == a[:1]: k = 1 stays
+    cells = {(j["method"], j["k"]): j["heads"] for j in read_jobs(run)}
+    assert cells == {(BASELINE, 0): [], ("locos", 1): [list(PLANTED)],
+                     ("locos", 2): [list(h) for h in b[:2]]}
+
+    meta = (run / "meta.json").read_text()
+    (run / "jobs.json").write_text('{"jobs": [{"method": "locos"')  # a cut file
+    with pytest.raises(LocosError, match="jobs.json is not a readable"):
+        evaluate(model, trials, {"locos": b}, k=(2,), **kw)
+    with pytest.raises(LocosError, match="jobs.json is not a readable"):
+        load_evaluation(run, trials)
+    assert (run / "meta.json").read_text() == meta  # nothing rewritten
+
+    grown = tmp_path / "grown"
+    evaluate(model, trials[:1], {"locos": a}, k=(1, 2), **dict(kw, out_dir=grown))
+    with pytest.warns(UserWarning, match=r"1 cell\(s\) .* left out of evaluation.csv "
+                                         r"\(locos k=2\)"):
+        evaluate(model, trials, {"locos": a}, k=(1,), extend=True, **dict(kw, out_dir=grown))
+    assert set(pd.read_csv(grown / "evaluation.csv")["k"]) == {0, 1}
+
+    def f32(response, trial):  # a scorer returning numpy float32
+        return {"chars": np.float32(len(response) / 3)}
+
+    own = evaluate(model, trials, {"locos": a}, k=(1,), scorer=f32,
+                   **dict(kw, out_dir=tmp_path / "f32"))
+    table = load_evaluation(tmp_path / "f32", trials, f32)
+    assert own["value"].tolist() == table["value"].tolist()
+
+    from locos_tl.evaluate import AblationJob
+    from locos_tl.run_table import record_jobs
+
+    stale = tmp_path / "stale"  # an attempt that recorded its cells, then never generated
+    stale.mkdir()
+    record_jobs(stale, [AblationJob("old", 1, 0, ((0, 1),))])
+    evaluate(model, trials, {"locos": a}, k=(1,), **dict(kw, out_dir=stale))
+    assert {j["method"] for j in read_jobs(stale)} == {BASELINE, "locos"}
 
 
 def test_evaluate_refuses_a_run_made_in_another_dtype(planted, tmp_path) -> None:
