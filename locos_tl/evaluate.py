@@ -41,7 +41,7 @@ from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_dtype, model_name
 from locos_tl.provenance import provenance
 from locos_tl.records import RecordStore
-from locos_tl.run_table import COLUMNS, directory_table, read_jobs, record_jobs
+from locos_tl.run_table import directory_table, job_cell, read_jobs, record_jobs
 from locos_tl.score import check_trials_fit
 from locos_tl.stops import StopRule, check_stop_rule
 from locos_tl.task_metrics import DEFAULT_CONTROL_METRIC, Scorer, get_scorer, scorer_name
@@ -360,14 +360,9 @@ def evaluate(
         kt: {m: float(v) for m, v in score_fn(resp, per_trial[kt[1]]).items()}
         for kt, resp in responses.items()
     }
-    rows = []
-    for j in jobs:
-        vals = [metric_cache[(j.key, t.trial_id)] for t in trials]
-        for metric in (vals[0] if vals else {}):
-            rows.append({"method": j.method, "k": j.k, "seed": j.seed, "metric": metric,
-                         "value": float(np.mean([v[metric] for v in vals])),
-                         "n_trials": len(vals)})
-    df = pd.DataFrame(rows, columns=COLUMNS)
+    # this call's cells, from the same table code as the directory's (bit-equal values)
+    df = directory_table(None, trials, score_fn, [job_cell(j) for j in jobs],
+                         known=metric_cache)
     if out_dir is not None:  # the directory's table: this call's cells and earlier ones
         cells = read_jobs(out_dir)
         table = directory_table(out_dir, trials, score_fn, cells, known=metric_cache)

@@ -62,6 +62,12 @@ def read_jobs(out_dir: str | Path) -> list[dict[str, Any]]:
     return list(jobs)
 
 
+def job_cell(job: AblationJob) -> dict[str, Any]:
+    """One sweep cell as ``jobs.json`` stores it: method, k, seed, heads_key, heads."""
+    return {"method": job.method, "k": job.k, "seed": job.seed, "heads_key": job.key,
+            "heads": [list(h) for h in job.heads]}
+
+
 def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob], *,
                 rankings: Mapping[str, Sequence[Head]] | None = None,
                 fresh: bool = False) -> list[tuple[str, int, int]]:
@@ -94,9 +100,7 @@ def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob], *,
             continue
         cells[cell] = j
     for job in jobs:
-        cells[(job.method, job.k, job.seed)] = {
-            "method": job.method, "k": job.k, "seed": job.seed, "heads_key": job.key,
-            "heads": [list(h) for h in job.heads]}
+        cells[(job.method, job.k, job.seed)] = job_cell(job)
     path = Path(out_dir) / JOBS_FILE
     tmp = path.with_name(path.name + ".tmp")  # a crash never leaves a cut file
     tmp.write_text(json.dumps({"jobs": list(cells.values())}, indent=1))
@@ -150,13 +154,16 @@ def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "no
     return table
 
 
-def directory_table(out_dir: str | Path, trials: list[Trial], score_fn: Scorer,
+def directory_table(out_dir: str | Path | None, trials: list[Trial], score_fn: Scorer,
                     jobs: list[dict[str, Any]], *, per_trial: bool = False,
                     known: Mapping[tuple[str, str], dict[str, float]] | None = None,
                     ) -> pd.DataFrame:
-    """:func:`load_evaluation` on the cells ``jobs``; ``known`` holds scores already
-    computed ((head-set key, trial id) -> {metric: value}), so a record is scored once."""
-    scores = _scores(out_dir, trials, score_fn, {j["heads_key"] for j in jobs}, known)
+    """:func:`load_evaluation` on the cells ``jobs`` (dicts as :func:`job_cell` makes);
+    ``known`` holds scores already computed ((head-set key, trial id) -> {metric:
+    value}), so a record is scored once. ``out_dir`` None: the table of ``known`` alone
+    (``evaluate`` without a run directory)."""
+    scores = (dict(known or {}) if out_dir is None else
+              _scores(out_dir, trials, score_fn, {j["heads_key"] for j in jobs}, known))
     rows = []
     for j in jobs:
         pairs = [(j["heads_key"], t.trial_id) for t in trials]

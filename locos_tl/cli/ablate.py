@@ -307,11 +307,12 @@ def ablate(
                          "trials run.")] = False,
 ) -> None:
     """Ablate each ranking's top-k heads and score the answers (docs/concepts.md)."""
+    import pandas as pd
+
     from locos_tl.ablation import ABLATION_MODES, AblationMeans, calibrate_means
     from locos_tl.evaluate import evaluate, means_hash, summarize
     from locos_tl.models import load_model, model_name
     from locos_tl.plot import ablation_curves
-    from locos_tl.run_table import load_evaluation
     from locos_tl.stops import STOP_RULES
     from locos_tl.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
 
@@ -403,8 +404,8 @@ def ablate(
                           thinking=thinking, workers=workers, extend=extend,
                           ray_address=ray_address,  # its own reuse count:
                           on_resume=lambda n, _: note_resume(out, n, what="generations"))
-            # the directory's table (jobs.json): earlier calls' k and seeds too
-            df = load_evaluation(out, trial_list, scorer)
+            # the directory's table evaluate wrote (jobs.json): earlier calls' k and seeds
+            df = pd.read_csv(out / "evaluation.csv")
             ds = None
             if control_list is not None:
                 df_control = evaluate(
@@ -415,7 +416,7 @@ def ablate(
                     max_new_tokens=control_max_new_tokens,
                     stop_at_newline=stop_at_newline, stop_rule=stop_rule, thinking=thinking,
                     workers=workers, ray_address=ray_address, extend=extend)
-                df_control = load_evaluation(out / "control", control_list, "control")
+                df_control = pd.read_csv(out / "control" / "evaluation.csv")
                 ds = write_dissociation(out, df, df_control, control=control,
                                         retrieval_metric=r_metric,
                                         control_metric=control_metric)
