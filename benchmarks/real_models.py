@@ -67,8 +67,8 @@ PRESETS: dict[str, dict[str, Any]] = {
                  methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
                  fractions="0.05,0.1,0.2,0.5,1.0", ks="1,5,10,20,50",
                  questions="onehop,direct"),
-    # what a 2-core CPU affords (the committed SmolLM2 results, grown over four
-    # sessions with --workers 2: about 4,800 ablated generations): the k sweep of every
+    # what a 2-core CPU affords (the committed SmolLM2 results, grown over several
+    # sessions with --workers 2: about 5,700 ablated generations): the k sweep of every
     # ranking on the literal (direct) questions, where these small models retrieve; the
     # non-literal sweep and 2000 tokens are extra runs on smaller grids
     # (docs/real_models.md, "Reproduce")
@@ -76,7 +76,7 @@ PRESETS: dict[str, dict[str, Any]] = {
                 eval_lengths="1000", random_seeds="0,1,2", ks="1,5,10,20,50",
                 questions="direct",
                 methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
-                fractions="0.1,0.2,0.5,1.0"),
+                fractions="0.05,0.1,0.2,0.5,1.0"),
 }
 DETECT_SEED, EVAL_SEED = 101, 202
 #: (retrieval, control) metric pairs of the reported DS(k): the paper's, and "contains"
@@ -598,6 +598,7 @@ PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "compress/compression.csv",  # every compressed answer
              "ablate/*/evaluation_ci.csv",  # every job of the grid, from the records
              "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
+             "ablate/*/jobs.json",  # every cell of every call (meta.json: the last call)
              "heads/*/head_scores.json", "heads/*/heads.json",
              "figures/*.png", "stages/*.done")  # CRI: heads/cri
 

@@ -196,3 +196,24 @@ def test_headline_row_per_length_at_the_largest_k_that_was_run(script) -> None:
     assert got[(2000, "locos")] == (10, 0.1)
     assert got[(2000, "random")] == (10, pytest.approx(0.2))
     assert head["paper_qwen3_8b"].isna().all()  # the paper's numbers are non-literal
+
+
+def test_publish_copies_the_cells_of_every_call_and_no_weights(script, tmp_path) -> None:
+    """``jobs.json`` (every cell any ablate call asked for) is published beside
+    ``meta.json`` (the last call's options only); tensors and logs stay behind."""
+    out, dest = tmp_path / "run", tmp_path / "pub"
+    files = {"ablate/direct_1000/jobs.json": '{"jobs": []}',
+             "ablate/direct_1000/meta.json": "{}",
+             "ablate/direct_1000/trials.jsonl": "",
+             "ablate/direct_1000/evaluation_ci.csv": "method\n",
+             "means.safetensors": "x", "ablate/direct_1000/evaluation.csv": "x",
+             "compress/settings.json": "{}"}
+    for name, text in files.items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    script.publish(out, dest)
+    copied = {str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file()}
+    assert copied == {"ablate/direct_1000/jobs.json", "ablate/direct_1000/meta.json",
+                      "ablate/direct_1000/trials.jsonl",
+                      "ablate/direct_1000/evaluation_ci.csv"}
+    assert (dest / "ablate/direct_1000/jobs.json").read_text() == '{"jobs": []}'
