@@ -200,7 +200,8 @@ def test_headline_row_per_length_at_the_largest_k_that_was_run(script) -> None:
 
 def test_publish_copies_the_cells_of_every_call_and_no_weights(script, tmp_path) -> None:
     """``jobs.json`` (every cell any ablate call asked for) is published beside
-    ``meta.json`` (the last call's options only); tensors and logs stay behind."""
+    ``meta.json`` (the last call's options only); tensors, the run's own tables and
+    settings stay behind."""
     out, dest = tmp_path / "run", tmp_path / "pub"
     files = {"ablate/direct_1000/jobs.json": '{"jobs": []}',
              "ablate/direct_1000/meta.json": "{}",
