@@ -593,7 +593,9 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
 
 #: the small result files copied into the docs (``--publish``); the run keeps the rest
 PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
-             "detect/meta.json",
+             "detect/meta.json", "detect/trials.jsonl",  # detection records (resume)
+             "detect_niah/meta.json", "detect_niah/trials.jsonl",
+             "means.safetensors",  # the calibrated query means (resume: see RESUMABLE)
              "patch/agreement_*_cri.csv", "compress/accuracy.csv",
              "compress/compression.csv",  # every compressed answer
              "ablate/*/evaluation_ci.csv",  # every job of the grid, from the records
@@ -612,6 +614,46 @@ def publish(out: Path, dest: Path) -> None:
             target = dest / src.relative_to(out)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(src, target)
+
+
+#: what a run reads back to go on where it stopped, copied from a published directory by
+#: ``--resume-from``: the detection and ablation records, the cells, the calibrated query
+#: means (recalibrating on another CPU changes their last bits, and a run refuses to mix
+#: means: ``means_hash``), CRI's scores and agreements and the compressed answers. The
+#: trial files are not among them: the ``trials`` stage rebuilds them (deterministic).
+RESUMABLE = ("means.safetensors", "detect/meta.json", "detect/trials.jsonl",
+             "detect_niah/meta.json", "detect_niah/trials.jsonl",
+             "ablate/*/trials.jsonl", "ablate/*/jobs.json", "ablate/*/meta.json",
+             "patch/agreement_*_cri.csv", "heads/cri/head_scores.json",
+             "heads/cri/heads.json", "compress/compression.csv")
+
+
+def resume_from(src: Path, out: Path) -> list[str]:
+    """Copy the files of :data:`RESUMABLE` from a published run ``src`` into the run
+    directory ``out`` where ``out`` lacks them (a file already there is kept), so a run
+    made on another machine (say the committed ``docs/real_models/smollm2``) goes on
+    here. Returns the copied paths, relative to ``out``.
+
+    Raises:
+        FileNotFoundError: ``src`` is not a directory or holds none of them.
+    """
+    import shutil
+
+    if not src.is_dir():
+        raise FileNotFoundError(f"--resume-from {src}: not a directory")
+    found = [f for pattern in RESUMABLE for f in sorted(src.glob(pattern))]
+    if not found:
+        raise FileNotFoundError(f"--resume-from {src}: holds no file a run reads back "
+                                f"({', '.join(RESUMABLE[:3])}, ...)")
+    copied = []
+    for f in found:
+        target = out / f.relative_to(src)
+        if target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(f, target)
+        copied.append(str(f.relative_to(src)))
+    return copied
 
 
 def _sliding_layers(model: Any) -> set[int] | None:
@@ -666,6 +708,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "actors (one CPU core or GPU each; identical results)")
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--device", default=None)
+    ap.add_argument("--resume-from", default=None,
+                    help="a published run directory (e.g. docs/real_models/smollm2): "
+                         "copy its records, cells and calibration means into --out "
+                         "where missing, so the run goes on on this machine; run the "
+                         "trials stage with it (the trial files are rebuilt)")
     ap.add_argument("--publish", default=None,
                     help="copy the small result files here after the report "
                          "(e.g. docs/real_models/smollm2)")
@@ -692,6 +739,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         raise SystemExit(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
     (out / "args.json").write_text(json.dumps(vars(args), indent=1))
+    if args.resume_from:
+        copied = resume_from(Path(args.resume_from), out)
+        print(f"resume: {len(copied)} file(s) copied from {args.resume_from}")  # noqa: T201
     model = lt.load_model(args.model, dtype=args.dtype, device=args.device)
     timings: dict[str, float] = {}
     scores: dict[str, Any] | None = None

@@ -1,5 +1,6 @@
 """benchmarks/real_models.py: when the trial files are rebuilt (growing a run), the
-ablation workers' niceness and the resumable compression sweep."""
+ablation workers' niceness, the resumable compression sweep, the report's tables, what
+is published and resuming a published run elsewhere."""
 
 from __future__ import annotations
 
@@ -200,14 +201,14 @@ def test_headline_row_per_length_at_the_largest_k_that_was_run(script) -> None:
 
 def test_publish_copies_the_cells_of_every_call_and_no_weights(script, tmp_path) -> None:
     """``jobs.json`` (every cell any ablate call asked for) is published beside
-    ``meta.json`` (the last call's options only); tensors, the run's own tables and
-    settings stay behind."""
+    ``meta.json`` (the last call's options only); tensors other than the calibration
+    means, the run's own tables and settings stay behind."""
     out, dest = tmp_path / "run", tmp_path / "pub"
     files = {"ablate/direct_1000/jobs.json": '{"jobs": []}',
              "ablate/direct_1000/meta.json": "{}",
              "ablate/direct_1000/trials.jsonl": "",
              "ablate/direct_1000/evaluation_ci.csv": "method\n",
-             "means.safetensors": "x", "ablate/direct_1000/evaluation.csv": "x",
+             "detect/scores.safetensors": "x", "ablate/direct_1000/evaluation.csv": "x",
              "compress/settings.json": "{}"}
     for name, text in files.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
@@ -218,3 +219,51 @@ def test_publish_copies_the_cells_of_every_call_and_no_weights(script, tmp_path)
                       "ablate/direct_1000/trials.jsonl",
                       "ablate/direct_1000/evaluation_ci.csv"}
     assert (dest / "ablate/direct_1000/jobs.json").read_text() == '{"jobs": []}'
+
+
+def test_a_published_run_goes_on_elsewhere_without_regenerating(script, tmp_path) -> None:
+    """``--resume-from``: the published records, cells and calibration means let a run
+    go on in a new run directory (another machine) with every generation reused. Means
+    recalibrated elsewhere differ in their last bits and the run refuses them
+    (``means_hash``), which is why the means are published."""
+    import dataclasses as dc
+
+    from planted import build_planted, planted_trials
+
+    import locos_tl as lt
+    from locos_tl.errors import LocosError
+
+    model = lt.load_model(build_planted(tmp_path / "m"), device="cpu")
+    trials = planted_trials(model.tokenizer, 3)
+    means = lt.calibrate_means(model, ["alpha beta gamma delta", "the cat sat on a mat"])
+    first = tmp_path / "first"
+    means.save(first / "means.safetensors")
+    sets = {"locos": [(0, 0), (0, 1)]}
+    kw = dict(k=(1,), mode="query_mean", seeds=(0,), bottom=None, max_new_tokens=2,
+              progress=False)
+    lt.evaluate(model, trials, sets, means=means, out_dir=first / "ablate" / "direct_1000",
+                **kw)
+    (first / "detect").mkdir()
+    (first / "detect" / "trials.jsonl").write_text("{}\n")
+    (first / "detect" / "scores.safetensors").write_text("x")  # not a resumable file
+    script.publish(first, tmp_path / "pub")
+    out = tmp_path / "second"
+    copied = script.resume_from(tmp_path / "pub", out)
+    assert set(copied) == {"means.safetensors", "detect/trials.jsonl",
+                           "ablate/direct_1000/trials.jsonl", "ablate/direct_1000/jobs.json",
+                           "ablate/direct_1000/meta.json"}
+    assert script.resume_from(tmp_path / "pub", out) == []  # a file already there is kept
+    seen: list[tuple[int, int]] = []
+    again = lt.evaluate(model, trials, sets, out_dir=out / "ablate" / "direct_1000",
+                        means=lt.AblationMeans.load(out / "means.safetensors"),
+                        on_resume=lambda n, total: seen.append((n, total)), **kw)
+    assert seen == [(9, 9)]  # baseline, locos-1, random-1 on 3 trials: all reused
+    assert set(again["method"]) == {"baseline", "locos", "random"}
+    # the same means recalibrated on another CPU: one ulp off in one entry
+    q = means.q.clone()
+    q.view(-1)[0] = torch.nextafter(q.view(-1)[0], torch.tensor(float("inf")))
+    with pytest.raises(LocosError, match="means_hash"):
+        lt.evaluate(model, trials, sets, out_dir=out / "ablate" / "direct_1000",
+                    means=dc.replace(means, q=q), **kw)
+    with pytest.raises(FileNotFoundError, match="holds no file"):
+        script.resume_from(tmp_path / "m", tmp_path / "third")
