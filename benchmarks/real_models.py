@@ -740,6 +740,9 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(f"unknown stage(s) {unknown}; choose from {list(STAGES)}")
     (out / "args.json").write_text(json.dumps(vars(args), indent=1))
     if args.resume_from:
+        if "trials" not in stages and not (out / "trials").is_dir():
+            raise SystemExit("--resume-from: add the trials stage (--stages trials,...): "
+                             "the trial files are rebuilt here, not copied")
         copied = resume_from(Path(args.resume_from), out)
         print(f"resume: {len(copied)} file(s) copied from {args.resume_from}")  # noqa: T201
     model = lt.load_model(args.model, dtype=args.dtype, device=args.device)

@@ -267,3 +267,6 @@ def test_a_published_run_goes_on_elsewhere_without_regenerating(script, tmp_path
                     means=dc.replace(means, q=q), **kw)
     with pytest.raises(FileNotFoundError, match="holds no file"):
         script.resume_from(tmp_path / "m", tmp_path / "third")
+    with pytest.raises(SystemExit, match="add the trials stage"):  # before any model load
+        script.main(["--out", str(tmp_path / "fourth"), "--resume-from",
+                     str(tmp_path / "pub"), "--stages", "ablate"])
