@@ -40,7 +40,7 @@ from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, par
 from locos_tl.heads import Head, HeadScores
 from locos_tl.models import model_dtype, model_name
 from locos_tl.provenance import provenance
-from locos_tl.records import RecordStore
+from locos_tl.records import META_FILE, RecordStore
 from locos_tl.run_table import directory_table, job_cell, read_jobs, record_jobs
 from locos_tl.score import check_trials_fit
 from locos_tl.stops import StopRule, check_stop_rule
@@ -237,6 +237,8 @@ def evaluate(
         extend: let ``out_dir`` hold a run over a subset of ``trials`` (grow a run from
             20 to 60 trials keeping the 20 finished ones); a run over trials outside
             ``trials`` is still refused. ``meta.json`` then describes the larger run.
+            ``meta.json`` is the provenance of the last call that generated into
+            ``out_dir``: a call that finds every generation recorded leaves it as it is.
         **distributed_kwargs: more options of the distributed run (``pool``,
             ``load_kwargs``, ``num_gpus_per_worker``, ...).
 
@@ -301,10 +303,8 @@ def evaluate(
     store = (RecordStore(out_dir, settings, RESUME_KEYS, trial_field="trial",
                          extend_to={t.trial_id for t in trials} if extend else None)
              if out_dir is not None else None)
-    meta = provenance(model, settings)
     if store is not None:  # the cells first (an unreadable jobs.json fails here)
         _record_cells(out_dir, jobs, head_sets, L, H, fresh=not store.records)
-        store.write_meta(meta)
 
     sets = {j.key: j.heads for j in jobs}  # unique head sets, in job order
     responses: dict[tuple[str, str], str] = {}
@@ -316,6 +316,10 @@ def evaluate(
                 responses[(key, t.trial_id)] = rec["response"]
             else:
                 todo.append((key, t))
+    if store is not None and (todo or not (store.dir / META_FILE).exists()):
+        # the provenance of the last call that generates here: a call whose every
+        # generation is recorded (a report, a rerun on fewer methods) leaves it as it is
+        store.write_meta(provenance(model, settings))
     if on_resume is not None and store is not None:
         on_resume(len(sets) * len(trials) - len(todo), len(sets) * len(trials))
 

@@ -114,9 +114,16 @@ def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatc
 
     # `locos_tl.evaluate` is the function; patch the module through sys.modules
     monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode", no_decoding)
+    meta = (tmp_path / "meta.json").read_text()
     again = evaluate(model, trials, {"locos": [PLANTED], "other": [(0, 0)]},
                      out_dir=tmp_path, **kw)
     pd.testing.assert_frame_equal(df, again)
+    # a call that generates nothing (here on one of the two rankings) keeps the
+    # provenance of the call that did: meta.json still lists both methods
+    fewer = evaluate(model, trials, {"locos": [PLANTED]}, out_dir=tmp_path, **kw)
+    pd.testing.assert_frame_equal(fewer, df[df["method"] != "other"].reset_index(drop=True))
+    assert (tmp_path / "meta.json").read_text() == meta
+    assert json.loads(meta)["settings"]["methods"] == [BASELINE, "locos", "other", "random"]
 
 
 def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
