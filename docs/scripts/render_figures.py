@@ -131,9 +131,10 @@ def render(figs: dict[str, Any], out: Path = IMG) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
     out.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix="locos-html-"))
     written = []
-    with sync_playwright() as p:
+    # the HTML and its copy of plotly.js (~5 MB) are only the screenshot's page
+    with tempfile.TemporaryDirectory(prefix="locos-html-") as tmp_dir, sync_playwright() as p:
+        tmp = Path(tmp_dir)
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         for name, fig in figs.items():
             w, h = SIZES.get(name, (900, 500))
