@@ -16,6 +16,9 @@ Stages (each writes under ``--out`` and is skipped or resumed when rerun):
 4. ``ablate``: top-k of every ranking, random heads (3 seeds) and bottom-k, on ``onehop``
    and ``direct`` evaluation trials (ROUGE-L F and NoLiMa's ``contains``, with bootstrap
    95 % intervals over trials) and on the controls (exact match); DS(k).
+   ``--methods baseline`` generates the unablated answers only (no ranking, random or
+   bottom-k): whether the model retrieves at a new length or question type at all,
+   before a sweep there.
 5. ``patch``: CRI activation patching on a subset of detection trials; rank agreement
    with LOCOS (Spearman, Kendall, top-k overlap).
 6. ``compress``: KV-cache compression sweep under LOCOS, Wu, HeadKV, uniform and random.
@@ -243,12 +246,27 @@ def load_rankings(out: Path) -> dict[str, Any]:
     return res
 
 
+def _methods(methods: str) -> list[str]:
+    return [m.strip() for m in methods.split(",") if m.strip()]
+
+
+def _baseline_only(methods: str) -> bool:
+    """``--methods baseline``: the unablated answers only (no ranking, random, bottom-k)."""
+    return _methods(methods) == ["baseline"]
+
+
 def rankings_for_ablation(scores: dict[str, Any], methods: str) -> dict[str, Any]:
-    """The head sets the ablation sweeps (``--methods``; Wu on NoLiMa is ``wu_nolima``)."""
+    """The head sets the ablation sweeps (``--methods``; Wu on NoLiMa is ``wu_nolima``;
+    ``baseline`` alone: none)."""
     names = {"locos": "locos", "wu_niah": "wu_niah", "wu_nolima": "wu",
              "attention_spatial": "attention_spatial", "headkv": "headkv", "dla": "dla"}
+    if _baseline_only(methods):
+        return {}
     out = {}
-    for new in [m.strip() for m in methods.split(",") if m.strip()]:
+    for new in _methods(methods):
+        if new not in names:
+            raise SystemExit(f"unknown --methods entry {new!r}; choose from "
+                             f"{sorted(names)}, or 'baseline' alone")
         hs = scores.get(names[new])
         if hs is not None and hs.n_trials > 0:
             out[new] = hs
@@ -284,6 +302,8 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
                   bottom="locos", max_new_tokens=args.eval_max_new_tokens,
                   workers=args.workers, extend=True)  # --n-eval may grow (nested)
+    if _baseline_only(args.methods):
+        common.update(random=False, bottom=None)
     if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
         common["ray_init_kwargs"] = RAY_NICE_0
     for length in _ints(args.eval_lengths):
@@ -343,9 +363,10 @@ def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
     ks, seeds = args.ks, args.random_seeds
     if control:
         ks, seeds = args.control_ks or ks, args.control_seeds or seeds
+    only = _baseline_only(args.methods)
     jobs = build_jobs(rankings_for_ablation(scores, args.methods), _ints(ks),
-                      n_layers=L, n_heads=H, seeds=_ints(seeds), random=True,
-                      bottom="locos")
+                      n_layers=L, n_heads=H, seeds=_ints(seeds), random=not only,
+                      bottom=None if only else "locos")
     return {(j.method, j.k, j.seed): j.key for j in jobs}
 
 
@@ -543,7 +564,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     length = _ints(args.eval_lengths)[0]  # DS(k) at the first length
     ds_rows = []
     for (qtype, at), ev in tables.items():
-        if ev.empty:
+        if set(ev["method"]) <= {"baseline"}:  # nothing run yet, or --methods baseline
             continue
         fig = lt.plot.ablation_curves(ev, metrics=["rougeL", "contains"],
                                       title=f"{args.model}: {qtype} at {at} tokens")

@@ -65,6 +65,36 @@ def test_ablation_workers_run_at_nice_0(script, tmp_path, monkeypatch, workers) 
             assert "ray_init_kwargs" not in kw
 
 
+def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
+                                                              monkeypatch) -> None:
+    """``--methods baseline``: every evaluate call (the evaluation trials and both
+    controls) gets no head set, no random and no bottom-k, so its one cell is the
+    baseline; the report's grid is then that cell alone. An unknown method is refused."""
+    import locos_tl as lt
+    from locos_tl.evaluate import build_jobs
+
+    calls = []
+    monkeypatch.setattr(lt, "evaluate",
+                        lambda model, trials, sets, **kw: calls.append((sets, kw)))
+    monkeypatch.setattr(script, "_load", lambda path: [])
+    argv = ["--model", "smollm2-135m-instruct", "--out", str(tmp_path), "--questions",
+            "onehop", "--eval-lengths", "2000", "--methods", "baseline"]
+    args = script.parse_args(argv)
+    ranking = lt.HeadScores(method="locos", trial_scores=torch.rand(3, 30, 9))  # SmolLM2's
+    script.ablate(None, args, tmp_path, {"locos": ranking}, means=None)
+    assert len(calls) == 3
+    for sets, kw in calls:
+        assert sets == {} and kw["random"] is False and kw["bottom"] is None
+        jobs = build_jobs(sets, kw["k"], n_layers=30, n_heads=9, seeds=kw["seeds"],
+                          random=kw["random"], bottom=kw["bottom"])
+        assert [(j.method, j.k) for j in jobs] == [("baseline", 0)]
+    assert script.job_keys(args, {"locos": ranking}, 30, 9) == {("baseline", 0, 0): "none"}
+    full = script.parse_args(argv[:-2] + ["--methods", "locos"])
+    assert len(script.job_keys(full, {"locos": ranking}, 30, 9)) == 1 + 5 * (1 + 3 + 1)
+    with pytest.raises(SystemExit, match="unknown --methods entry 'wu'"):
+        script.rankings_for_ablation({"locos": ranking}, "locos,wu")
+
+
 def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monkeypatch):
     """A rerun decodes only the (trial, fraction) pairs the CSV lacks; trials or
     fractions no longer selected, and runs over other rankings, move aside."""
