@@ -566,7 +566,8 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     for (qtype, at), ev in tables.items():
         if set(ev["method"]) <= {"baseline"}:  # nothing run yet, or --methods baseline
             continue
-        fig = lt.plot.ablation_curves(ev, metrics=["rougeL", "contains"],
+        # k on a log axis: 1, 5, 10, 20, 50 spread out; the baseline is a dashed line
+        fig = lt.plot.ablation_curves(ev, metrics=["rougeL", "contains"], log_x=True,
                                       title=f"{args.model}: {qtype} at {at} tokens")
         _write(fig, figs / f"ablation_{qtype}_{at}")
         if at != length:
