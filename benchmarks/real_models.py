@@ -23,7 +23,8 @@ Stages (each writes under ``--out`` and is skipped or resumed when rerun):
    with LOCOS (Spearman, Kendall, top-k overlap).
 6. ``compress``: KV-cache compression sweep under LOCOS, Wu, HeadKV, uniform and random.
 7. ``report``: ``summary.json``, the headline table (``headline.csv``, per question type
-   and length), the layer distribution of the top heads and the figures (HTML + PNG when
+   and length; random is the mean over seeds, its interval a bootstrap over trials of
+   each trial's mean over seeds), the layer distribution of the top heads and the figures (HTML + PNG when
    kaleido is present). The ablation tables (``ablate/*/evaluation_ci.csv``) are rebuilt
    from every finished generation of the grid the report is given, so sweeps run on
    different grids (say the non-literal questions at fewer k, or 2000 tokens at one k)
@@ -322,36 +323,55 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
                     out_dir=out / "ablate" / f"control_{name}", **control)
 
 
-def evaluation_table(run: Path, trials: list[Any], scorer: str,
-                     keys: dict[tuple[str, int, int], str]) -> pd.DataFrame:
-    """The sweep's table, rebuilt from the run's records, with a bootstrap 95 % interval
-    over trials for each row.
+def trial_values(run: Path, trials: list[Any], scorer: str,
+                 keys: dict[tuple[str, int, int], str]) -> pd.DataFrame:
+    """Every complete job's per-trial scores, from the run's records: one row per (job,
+    trial, metric), columns ``method``, ``k``, ``seed``, ``heads_key``, ``trial``,
+    ``metric``, ``value``, in ``keys``' order and the records' order within a job.
 
-    One row per (method, k, seed, metric) of ``keys`` ((method, k, seed) -> head-set key,
-    :func:`job_keys`) whose records cover every trial in ``trials``; a job with missing
-    generations is left out (a sweep still running, or a grid that a later call grew).
-    The records hold every finished generation, so sweeps run on different grids (a
-    ragged grid) report together. The runs published so far predate ``jobs.json``
-    (:func:`locos_tl.load_evaluation`), so the cells come from the grid the report is
-    given. ``value`` is the mean over trials, as ``evaluate`` computes it.
+    ``keys``: (method, k, seed) -> head-set key (:func:`job_keys`). A job whose records
+    miss a trial of ``trials`` is left out (a sweep still running, or a grid that a
+    later call grew); the records hold every finished generation, so sweeps run on
+    different grids (a ragged grid) report together.
     """
     from locos_tl.run_table import score_records
 
     per = score_records(run, trials, scorer)
     n = len({t.trial_id for t in trials})
+    parts = [per[per["heads_key"] == key].assign(method=method, k=k, seed=seed)
+             for (method, k, seed), key in keys.items()]
+    parts = [sub for sub in parts if sub["trial"].nunique() == n]
+    cols = ["method", "k", "seed", "heads_key", "trial", "metric", "value"]
+    if not parts:
+        return pd.DataFrame(columns=cols)
+    return pd.concat(parts, ignore_index=True)[cols]
+
+
+def interval_table(values: pd.DataFrame) -> pd.DataFrame:
+    """One row per (method, k, seed, metric) of :func:`trial_values`: the mean over
+    trials (as ``evaluate`` computes it) and a bootstrap 95 % interval over trials."""
     rows = []
-    for (method, k, seed), key in keys.items():
-        sub = per[per["heads_key"] == key]
-        if sub["trial"].nunique() < n:
-            continue
-        for metric, g in sub.groupby("metric", sort=False):
-            v = g["value"].to_numpy()
+    for (method, k, seed), job in values.groupby(["method", "k", "seed"], sort=False):
+        for metric, g in job.groupby("metric", sort=False):
+            v = g["value"].to_numpy(dtype=float)
             lo, hi = _bootstrap(v)
-            rows.append({"method": method, "k": k, "seed": seed, "metric": metric,
+            rows.append({"method": method, "k": int(k), "seed": int(seed), "metric": metric,
                          "value": float(v.mean()), "n_trials": len(v),
                          "ci_low": lo, "ci_high": hi})
     return pd.DataFrame(rows, columns=["method", "k", "seed", "metric", "value",
                                        "n_trials", "ci_low", "ci_high"])
+
+
+def evaluation_table(run: Path, trials: list[Any], scorer: str,
+                     keys: dict[tuple[str, int, int], str]) -> pd.DataFrame:
+    """The sweep's table (``evaluation_ci.csv``), rebuilt from the run's records: one
+    row per complete job and metric of ``keys`` ((method, k, seed) -> head-set key,
+    :func:`job_keys`), with a bootstrap 95 % interval over trials
+    (:func:`trial_values`, :func:`interval_table`). The runs published so far predate
+    ``jobs.json`` (:func:`locos_tl.load_evaluation`), so the cells come from the grid
+    the report is given. ``value`` is the mean over trials, as ``evaluate`` computes it.
+    """
+    return interval_table(trial_values(run, trials, scorer, keys))
 
 
 def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
@@ -490,13 +510,18 @@ def _floats(text: str) -> list[float]:
 
 
 # ----------------------------------------------------------------------------- report
-def headline(tables: dict[tuple[str, int], pd.DataFrame], k_head: int) -> pd.DataFrame:
+def headline(tables: dict[tuple[str, int], pd.DataFrame], k_head: int,
+             values: dict[tuple[str, int], pd.DataFrame] | None = None) -> pd.DataFrame:
     """Baseline / LOCOS / Wu (NIAH, NoLiMa) / attention-spatial / random at ``k_head``,
     per question type and length, beside the paper's Qwen3-8B numbers (ROUGE-L F,
     non-literal NoLiMa). ``tables``: (question, length) -> :func:`evaluation_table`.
     Where a table has no LOCOS cell at ``k_head`` (a smaller grid, e.g. one k at 2000
-    tokens), its row is at the largest k below it that LOCOS has; random is the mean
-    over the seeds run."""
+    tokens), its row is at the largest k below it that LOCOS has.
+
+    Random is the mean over the seeds run. Its interval is a bootstrap over trials of
+    each trial's mean over the seeds, from ``values`` ((question, length) ->
+    :func:`trial_values`); without them, or when a seed lacks a trial, the interval is
+    left empty (NaN), since averaging the seeds' own intervals gives no interval."""
     paper = {"baseline": 0.40, "locos": 0.00, "wu_niah": 0.29, "wu_nolima": 0.34,
              "random": 0.40, "attention_spatial": 0.15}
     rows = []
@@ -504,14 +529,24 @@ def headline(tables: dict[tuple[str, int], pd.DataFrame], k_head: int) -> pd.Dat
         run_ks = ev.loc[(ev["method"] == "locos") & (ev["k"] <= k_head), "k"]
         k_at = int(run_ks.max()) if len(run_ks) else k_head
         for method, ref in paper.items():
-            sel = ev[(ev["metric"] == "rougeL") & (ev["method"] == method)
-                     & (ev["k"] == (0 if method == "baseline" else k_at))]
+            k = 0 if method == "baseline" else k_at
+            sel = ev[(ev["metric"] == "rougeL") & (ev["method"] == method) & (ev["k"] == k)]
             if sel.empty:
                 continue
-            rows.append({"question": qtype, "length": length, "method": method,
-                         "k": 0 if method == "baseline" else k_at,
-                         "rougeL": sel["value"].mean(), "ci_low": sel["ci_low"].mean(),
-                         "ci_high": sel["ci_high"].mean(), "n_trials": int(sel["n_trials"].iloc[0]),
+            lo, hi = sel["ci_low"].iloc[0], sel["ci_high"].iloc[0]
+            if len(sel) > 1:  # seeds: pool them per trial
+                lo = hi = np.nan
+                vals = (values or {}).get((qtype, length))
+                if vals is not None:
+                    v = vals[(vals["metric"] == "rougeL") & (vals["method"] == method)
+                             & (vals["k"] == k)]
+                    by_trial = v.pivot_table(index="trial", columns="seed", values="value")
+                    if sorted(by_trial.columns) == sorted(sel["seed"]) \
+                            and not by_trial.isna().any().any():
+                        lo, hi = _bootstrap(by_trial.mean(axis=1).to_numpy())
+            rows.append({"question": qtype, "length": length, "method": method, "k": k,
+                         "rougeL": sel["value"].mean(), "ci_low": lo, "ci_high": hi,
+                         "n_seeds": len(sel), "n_trials": int(sel["n_trials"].iloc[0]),
                          "paper_qwen3_8b": ref if qtype == "onehop" else np.nan})
     return pd.DataFrame(rows)
 
@@ -527,16 +562,18 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     keys = job_keys(args, scores, L, H)
     tables = {}  # (question, length) -> the sweep's table, from the records
+    values = {}  # (question, length) -> its per-trial scores
     for length in _ints(args.eval_lengths):
         for qtype in ("onehop", "direct"):
             run = out / "ablate" / f"{qtype}_{length}"
             if not (run / "trials.jsonl").exists():
                 continue
             trials = _load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
-            ev = evaluation_table(run, trials, "nolima", keys)
+            values[qtype, length] = trial_values(run, trials, "nolima", keys)
+            ev = interval_table(values[qtype, length])
             ev.to_csv(run / "evaluation_ci.csv", index=False)
             tables[qtype, length] = ev
-    head = headline(tables, k_head)
+    head = headline(tables, k_head, values)
     head.to_csv(out / "headline.csv", index=False)
     summary: dict[str, Any] = {"model": args.model, "n_layers": L, "n_heads": H,
                                "preset": args.preset, "settings": vars(args)}

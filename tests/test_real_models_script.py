@@ -9,6 +9,7 @@ import importlib.util
 import json
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 import torch
@@ -227,6 +228,38 @@ def test_headline_row_per_length_at_the_largest_k_that_was_run(script) -> None:
     assert got[(2000, "locos")] == (10, 0.1)
     assert got[(2000, "random")] == (10, pytest.approx(0.2))
     assert head["paper_qwen3_8b"].isna().all()  # the paper's numbers are non-literal
+
+
+def test_headline_random_interval_is_a_bootstrap_of_the_per_trial_seed_mean(script) -> None:
+    """Random's interval resamples trials of the mean over seeds (not the mean of the
+    seeds' own intervals); a seed that lacks a trial, or no per-trial values, leaves it
+    empty; a single-seed ranking keeps its own interval."""
+    rng = np.random.default_rng(3)
+    vals = pd.DataFrame([{"method": "random", "k": 5, "seed": s, "heads_key": f"r{s}",
+                          "trial": f"t{t}", "metric": "rougeL", "value": float(rng.random())}
+                         for s in range(3) for t in range(12)]
+                        + [{"method": "baseline", "k": 0, "seed": 0, "heads_key": "none",
+                            "trial": f"t{t}", "metric": "rougeL", "value": float(t % 2)}
+                           for t in range(12)])
+    table = script.interval_table(vals)
+    head = script.headline({("direct", 1000): table}, 5, {("direct", 1000): vals})
+    rand = head.set_index("method").loc["random"]
+    per_trial = vals[vals["method"] == "random"].groupby("trial")["value"].mean()
+    lo, hi = script._bootstrap(per_trial.to_numpy())
+    assert [rand["ci_low"], rand["ci_high"]] == pytest.approx([lo, hi], abs=1e-12)  # sum order
+    assert rand["rougeL"] == pytest.approx(per_trial.mean(), abs=1e-12)
+    assert rand["n_seeds"] == 3
+    seeds = table[table["method"] == "random"]  # not what averaging bounds gives
+    assert (lo, hi) != (seeds["ci_low"].mean(), seeds["ci_high"].mean())
+    assert lo < rand["rougeL"] < hi
+    base = head.set_index("method").loc["baseline"]
+    own = table[table["method"] == "baseline"].iloc[0]
+    assert (base["ci_low"], base["ci_high"]) == (own["ci_low"], own["ci_high"])
+    ragged = vals.drop(vals.index[(vals["seed"] == 2) & (vals["trial"] == "t0")])
+    for values in (None, {("direct", 1000): ragged}):
+        r = script.headline({("direct", 1000): table}, 5, values).set_index("method")
+        assert np.isnan(r.loc["random", "ci_low"]) and np.isnan(r.loc["random", "ci_high"])
+        assert r.loc["random", "rougeL"] == pytest.approx(rand["rougeL"], abs=1e-12)
 
 
 def test_publish_copies_the_cells_of_every_call_and_no_weights(script, tmp_path) -> None:
