@@ -27,8 +27,9 @@ Stages (each writes under ``--out`` and is skipped or resumed when rerun):
    each trial's mean over seeds), the layer distribution of the top heads and the
    figures (HTML + PNG when kaleido is present). The ablation tables
    (``ablate/*/evaluation_ci.csv``) are rebuilt from every finished generation of the
-   grid the report is given, so sweeps run on different grids (say the non-literal questions at fewer k, or 2000 tokens at one k)
-   report together; a job with a missing trial is left out.
+   grid the report is given, so sweeps run on different grids (say the non-literal
+   questions at fewer k, or 2000 tokens at one k) report together; a job with a missing
+   trial is left out.
 
 Sizes: ``--preset`` ``full`` is the issue's protocol (>= 60 evaluation trials a question
 type; meant for a GPU); ``cpu`` is the reduced size this repository's committed results
