@@ -400,15 +400,50 @@ def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any
     if not subset:
         print("patch: no accepted detection trial; CRI skipped")  # noqa: T201
         return None
-    cri = lt.patch_heads(model, subset, out_dir=out / "patch",
-                         max_new_tokens=args.max_new_tokens, extend=True)  # --n-cri grows
-    cri.save(out / "heads" / "cri")
+    cri = saved_cri(model, args, out, subset)
+    if cri is None:
+        cri = lt.patch_heads(model, subset, out_dir=out / "patch",
+                             max_new_tokens=args.max_new_tokens, extend=True)  # --n-cri grows
+        cri.save(out / "heads" / "cri")
     n = int(model.cfg.n_layers) * int(model.cfg.n_heads)
     ks = tuple(k for k in (5, 10, 20, 50) if k <= n)
     for name in ("locos", "wu", "dla", "attention_spatial", "headkv"):
         if name in scores and scores[name].n_trials:
             agree = lt.compare_rankings(scores[name], cri, ks=ks)
             agree.to_csv(out / "patch" / f"agreement_{name}_cri.csv", index=False)
+    return cri
+
+
+def saved_cri(model: Any, args: argparse.Namespace, out: Path, subset: list[Any]) -> Any:
+    """CRI saved in ``heads/cri`` over exactly ``subset`` (same trials in the same order:
+    ``trial_set_hash``; same model, dtype and greedy budget) when ``patch/trials.jsonl``
+    lacks some of their records, else None. A run resumed from a directory published
+    before the records were (``PUBLISHED``) has the scores but not the records; without
+    this its patch stage would patch every head on every trial again (hours on a CPU) to
+    get the same numbers. A larger ``--n-cri`` still needs the records (or patches every
+    trial again)."""
+    import locos_tl as lt
+    from locos_tl.models import model_dtype, model_name
+    from locos_tl.trials import trial_set_hash
+
+    path = out / "heads" / "cri"
+    if not (path / "head_scores.json").exists():
+        return None
+    records = out / "patch" / "trials.jsonl"
+    have = set()
+    if records.exists():
+        with open(records) as f:
+            have = {json.loads(line)["trial_id"] for line in f if line.strip()}
+    if {t.trial_id for t in subset} <= have:
+        return None  # patch_heads reuses its own records
+    cri = lt.HeadScores.load(path)
+    got = cri.meta.get("settings", {})
+    want = {"model": model_name(model), "dtype": model_dtype(model),
+            "max_new_tokens": args.max_new_tokens, "trial_set_hash": trial_set_hash(subset)}
+    if {k: got.get(k) for k in want} != want:  # the hash covers every trial, in order
+        return None
+    print(f"patch: CRI over {len(subset)} trials reused from {path} "  # noqa: T201
+          "(its per-trial patching records are not in this run)")
     return cri
 
 
@@ -662,6 +697,7 @@ PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
              "ablate/*/trials.jsonl", "ablate/*/meta.json",  # every response (resume)
              "ablate/*/jobs.json",  # every cell of every call (meta.json: the last call)
              "heads/*/head_scores.json", "heads/*/heads.json",
+             "patch/trials.jsonl", "patch/meta.json",  # CRI's records (resume, grow)
              "figures/*.png", "stages/*.done")  # CRI: heads/cri
 
 
@@ -679,13 +715,15 @@ def publish(out: Path, dest: Path) -> None:
 #: what a run reads back to go on where it stopped, copied from a published directory by
 #: ``--resume-from``: the detection and ablation records, the cells, the calibrated query
 #: means (recalibrating on another CPU changes their last bits, and a run refuses to mix
-#: means: ``means_hash``), CRI's scores and agreements and the compressed answers. The
+#: means: ``means_hash``), CRI's records, scores and agreements (runs published before
+#: the records were: :func:`saved_cri`) and the compressed answers. The
 #: trial files are not among them: the ``trials`` stage rebuilds them (deterministic).
 RESUMABLE = ("means.safetensors", "detect/meta.json", "detect/trials.jsonl",
              "detect_niah/meta.json", "detect_niah/trials.jsonl",
              "ablate/*/trials.jsonl", "ablate/*/jobs.json", "ablate/*/meta.json",
-             "patch/agreement_*_cri.csv", "heads/cri/head_scores.json",
-             "heads/cri/heads.json", "compress/compression.csv")
+             "patch/agreement_*_cri.csv", "patch/trials.jsonl", "patch/meta.json",
+             "heads/cri/head_scores.json", "heads/cri/heads.json",
+             "compress/compression.csv")
 
 
 def resume_from(src: Path, out: Path) -> list[str]:

@@ -333,3 +333,41 @@ def test_a_published_run_goes_on_elsewhere_without_regenerating(script, tmp_path
     with pytest.raises(SystemExit, match="add the trials stage"):  # before any model load
         script.main(["--out", str(tmp_path / "fourth"), "--resume-from",
                      str(tmp_path / "pub"), "--stages", "ablate"])
+
+
+def test_published_cri_is_reused_not_patched_again(script, tmp_path, monkeypatch) -> None:
+    """A run resumed from a directory published without CRI's per-trial records (every
+    run published before they were) reuses ``heads/cri`` over the same trials instead of
+    patching every head again; other trials, another greedy budget or records present
+    (``patch_heads`` reuses them) do not take that path. ``publish`` now copies the
+    records and ``resume_from`` brings them back."""
+    from planted import build_planted, planted_trials
+
+    import locos_tl as lt
+
+    model = lt.load_model(build_planted(tmp_path / "m"), device="cpu")
+    trials = planted_trials(model.tokenizer, 3)
+    first = tmp_path / "first"
+    cri = lt.patch_heads(model, trials[:2], out_dir=first / "patch", max_new_tokens=4,
+                         progress=False)
+    assert cri.n_trials == 2  # the planted model answers both
+    cri.save(first / "heads" / "cri")
+    args = script.parse_args(["--out", str(first), "--max-new-tokens", "4"])
+    assert script.saved_cri(model, args, first, trials[:2]) is None  # records are here
+    script.publish(first, tmp_path / "pub")
+    assert (tmp_path / "pub" / "patch" / "trials.jsonl").exists()
+    old = tmp_path / "old_pub"  # published before the records were
+    script.publish(first, old)
+    (old / "patch" / "trials.jsonl").unlink()
+    (old / "patch" / "meta.json").unlink()
+    out = tmp_path / "second"
+    assert "patch/trials.jsonl" not in script.resume_from(old, out)
+    monkeypatch.setattr(lt, "patch_heads", lambda *a, **k: pytest.fail("patched again"))
+    again = script.saved_cri(model, args, out, trials[:2])
+    assert again is not None and again.trial_ids == cri.trial_ids
+    torch.testing.assert_close(again.trial_scores, cri.trial_scores, rtol=0, atol=0)
+    assert script.saved_cri(model, args, out, trials[:3]) is None  # --n-cri grew
+    assert script.saved_cri(model, args, out, trials[1::-1]) is None  # another order
+    other = script.parse_args(["--out", str(first), "--max-new-tokens", "8"])
+    assert script.saved_cri(model, other, out, trials[:2]) is None
+    assert "patch/trials.jsonl" in script.resume_from(tmp_path / "pub", tmp_path / "third")
