@@ -371,3 +371,31 @@ def test_published_cri_is_reused_not_patched_again(script, tmp_path, monkeypatch
     other = script.parse_args(["--out", str(first), "--max-new-tokens", "8"])
     assert script.saved_cri(model, other, out, trials[:2]) is None
     assert "patch/trials.jsonl" in script.resume_from(tmp_path / "pub", tmp_path / "third")
+
+
+def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
+                                                              monkeypatch) -> None:
+    """Wu on NIAH decodes its trials with ``--niah-max-new-tokens`` (default 50, the
+    paper's scoring budget): NIAH answers are sentences of 19-25 tokens, and the NoLiMa
+    detection budget (16, for a name) cut every one off before the trial gate (ROUGE-1
+    recall > 0.5) could pass: SmolLM2 was rejected on "... to take a walk in Chaoyang"
+    (recall 0.47), which it completes at 30 tokens."""
+    import locos_tl as lt
+
+    calls = []
+
+    def score(model, trials, methods, out_dir, max_new_tokens, batch_size):
+        calls.append((Path(out_dir).name, methods, max_new_tokens))
+        return {m: m for m in methods}
+
+    monkeypatch.setattr(lt, "score_trials", score)
+    monkeypatch.setattr(script, "_load", lambda path: [])
+    args = script.parse_args(["--out", str(tmp_path)])
+    assert args.niah_max_new_tokens == 50 and args.max_new_tokens == 16
+    res = script.detect(None, args, tmp_path)
+    assert calls == [("detect", list(script.DETECTORS), 16), ("detect_niah", ["wu"], 50)]
+    assert res["wu_niah"] == "wu"
+    calls.clear()
+    script.detect(None, script.parse_args(["--out", str(tmp_path),
+                                           "--niah-max-new-tokens", "64"]), tmp_path)
+    assert calls[1] == ("detect_niah", ["wu"], 64)
