@@ -795,6 +795,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--max-new-tokens", type=int, default=16,
                     help="greedy budget of the NoLiMa detection trials and CRI (the answer is "
                          "a name)")
+    ap.add_argument("--eval-max-new-tokens", type=int, default=16)
     ap.add_argument("--niah-max-new-tokens", type=int, default=50,
                     help="greedy budget of the NIAH detection trials (Wu on NIAH): their "
                          "answers are sentences of 19-25 tokens, which 16 tokens cut off "

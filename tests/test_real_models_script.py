@@ -391,7 +391,7 @@ def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
     monkeypatch.setattr(lt, "score_trials", score)
     monkeypatch.setattr(script, "_load", lambda path: [])
     args = script.parse_args(["--out", str(tmp_path)])
-    assert args.niah_max_new_tokens == 50 and args.max_new_tokens == 16
+    assert (args.niah_max_new_tokens, args.max_new_tokens, args.eval_max_new_tokens) == (50, 16, 16)
     res = script.detect(None, args, tmp_path)
     assert calls == [("detect", list(script.DETECTORS), 16), ("detect_niah", ["wu"], 50)]
     assert res["wu_niah"] == "wu"
