@@ -59,7 +59,10 @@ def provenance(model: Any = None, settings: dict[str, Any] | None = None) -> dic
 
 def _gguf_source(name: str) -> dict[str, Any] | None:
     """Source GGUF file, SHA-256 and quantization type of a checkpoint prepared by
-    :func:`locos_tl.gguf_cache.prepare_gguf`, or None for any other checkpoint."""
+    :func:`locos_tl.gguf_cache.prepare_gguf`, or None for any other checkpoint.
+    ``source_removed: True`` when the file was a copy assembled from its packages and
+    deleted once prepared (Gemma-3-270m's chunks): ``source_file`` no longer exists,
+    and the SHA-256 and packages identify it."""
     from locos_tl.gguf_cache import read_source
 
     rec = read_source(name)
@@ -67,4 +70,7 @@ def _gguf_source(name: str) -> dict[str, Any] | None:
         return None
     keys = ("registry_name", "packages", "source_file", "sha256", "quantization",
             "size_bytes")
-    return {"format": "gguf", **{k: rec.get(k) for k in keys}}
+    out = {"format": "gguf", **{k: rec.get(k) for k in keys}}
+    if rec.get("source_removed"):
+        out["source_removed"] = True
+    return out

@@ -197,11 +197,42 @@ def test_fetch_installs_prepares_and_loads_by_name(tiny_gguf, cache, monkeypatch
     source = provenance(model)["model"]["source"]
     assert source["registry_name"] == "tiny-test" and source["sha256"] == sha
     assert source["packages"] == ["no-such-package-locos==0.1"]
+    assert "source_removed" not in source  # an installed file, not an assembled copy
     assert zoo.fetch("tiny-test", log=lambda msg: None) == path and len(calls) == 1
     bad = dataclasses.replace(entry, sha256="0" * 64)
     monkeypatch.setitem(zoo.REAL_MODELS, "tiny-test", bad)
     with pytest.raises(ModelLoadError, match="not the expected"):
         zoo.prepare("tiny-test")
+
+
+def test_provenance_says_when_an_assembled_source_file_was_removed(tiny_gguf, cache,
+                                                                   monkeypatch):
+    """A GGUF file assembled from chunk packages (Gemma-3-270m) is a copy under the
+    cache, deleted once the checkpoint is prepared: provenance keeps its path and hash
+    and says the file is gone (``source_removed``; an installed file has no such key:
+    ``test_fetch_installs_prepares_and_loads_by_name``)."""
+    import hashlib
+    import shutil
+
+    from locos_tl import zoo
+    from locos_tl.gguf_cache import cache_root
+    from locos_tl.provenance import provenance
+
+    sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
+    copy = cache_root() / "gguf-files" / "assembled.gguf"
+    copy.parent.mkdir(parents=True)
+    shutil.copyfile(tiny_gguf, copy)
+    entry = zoo.RealModel(name="tiny-chunks", architecture="LlamaForCausalLM", n_layers=2,
+                          n_heads=4, n_kv_heads=2, params="0.1M", file_mb=0,
+                          quantization="Q8_0", licence="MIT",
+                          packages=("no-such-package-locos==0.1",), sha256=sha)
+    monkeypatch.setitem(zoo.REAL_MODELS, "tiny-chunks", entry)
+    monkeypatch.setitem(zoo._FILES, "tiny-chunks", lambda: copy)
+    zoo.prepare("tiny-chunks")
+    assert not copy.exists()
+    source = provenance(load_model("tiny-chunks", device="cpu"))["model"]["source"]
+    assert source["source_removed"] is True and source["sha256"] == sha
+    assert source["source_file"] == str(copy.resolve())
 
 
 def test_models_list_and_fetch_cli(cache, monkeypatch):

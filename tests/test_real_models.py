@@ -1,7 +1,7 @@
 """Exact on real pretrained weights (issue 18): SmolLM2-135M-Instruct (CI) and
 Gemma-3-270m (``slow``), dequantized from their GGUF files by ``locos models fetch``.
 
-On prompts of 720-800 tokens of book text (Gemma: 640-760, past its 512-token sliding
+On prompts of 720-760 tokens of book text (both models; past Gemma's 512-token sliding
 window) with a needle and a question:
 
 - phi (raw and exact) equals an HF-only reference: attention probabilities, values and
