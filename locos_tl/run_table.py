@@ -77,9 +77,11 @@ def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob], *,
         out_dir: the run directory.
         jobs: this call's cells (:func:`locos_tl.evaluate.build_jobs`).
         rankings: method -> its full ranking in this call. An earlier cell of one of
-            these methods whose heads are not this ranking's top k (the ranking was
+            these methods whose head set is not this ranking's top k (the ranking was
             scored anew) leaves the table, so one curve never mixes two rankings; its
-            generations stay in ``trials.jsonl``.
+            generations stay in ``trials.jsonl``. A cell whose set is the same in
+            another order stays (ablating a set does not depend on its order), listed
+            in this ranking's order.
         fresh: start the list over (a run directory without a generation yet: cells of
             an attempt that never generated are not this run's).
 
@@ -95,9 +97,12 @@ def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob], *,
     for j in old:
         cell = (j["method"], int(j["k"]), int(j["seed"]))
         ranking = (rankings or {}).get(cell[0])
-        if ranking is not None and [list(h) for h in ranking[:cell[1]]] != j["heads"]:
-            dropped.append(cell)
-            continue
+        if ranking is not None:
+            top = [list(h) for h in ranking[:cell[1]]]
+            if sorted(top) != sorted(j["heads"]):
+                dropped.append(cell)
+                continue
+            j = {**j, "heads": top}
         cells[cell] = j
     for job in jobs:
         cells[(job.method, job.k, job.seed)] = job_cell(job)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import warnings
 
 import numpy as np
 import pandas as pd
@@ -202,7 +203,9 @@ def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> 
 def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
         planted, tmp_path) -> None:
     """A ranking scored anew drops the earlier cells it contradicts (warned), never mixes
-    two rankings in one curve; an unreadable jobs.json is a clear error before anything
+    two rankings in one curve, and keeps a cell whose head set only changed order (Wu on
+    NIAH detected again on Gemma-3-270m: its top 5 swapped its first two heads); an
+    unreadable jobs.json is a clear error before anything
     is written; extend warns about the cells it leaves short; a custom scorer's numpy
     values give the same numbers in the table and the returned frame."""
     from locos_tl.errors import LocosError
@@ -212,13 +215,23 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     run = tmp_path / "run"
     kw = dict(mode="output_zero", random=False, bottom=None, max_new_tokens=2,
               progress=False, out_dir=run)
-    a, b = [PLANTED, (0, 0), (0, 1)], [PLANTED, (0, 1), (0, 0)]
+    a, b = [PLANTED, (0, 0), (0, 1)], [PLANTED, (0, 1), (1, 1)]
     evaluate(model, trials, {"locos": a}, k=(1, 3), **kw)
     with pytest.warns(UserWarning, match=r"earlier cell\(s\) leave its table \(locos k=3\)"):
         evaluate(model, trials, {"locos": b}, k=(2,), **kw)  # b[:1] == a[:1]: k = 1 stays
     cells = {(j["method"], j["k"]): j["heads"] for j in read_jobs(run)}
     assert cells == {(BASELINE, 0): [], ("locos", 1): [list(PLANTED)],
                      ("locos", 2): [list(h) for h in b[:2]]}
+    same = tmp_path / "same"  # a[:3] in another order: the cell stays, nothing is generated
+    evaluate(model, trials, {"locos": a}, k=(3,), **dict(kw, out_dir=same))
+    c, seen = [(0, 1), PLANTED, (0, 0)], []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        evaluate(model, trials, {"locos": c}, k=(3,), **dict(kw, out_dir=same),
+                 on_resume=lambda n, total: seen.append((n, total)))
+    assert seen == [(2 * len(trials), 2 * len(trials))]  # baseline and locos-3, all reused
+    cells = {(j["method"], j["k"]): j["heads"] for j in read_jobs(same)}
+    assert cells == {(BASELINE, 0): [], ("locos", 3): [list(h) for h in c]}
 
     meta = (run / "meta.json").read_text()
     (run / "jobs.json").write_text('{"jobs": [{"method": "locos"')  # a cut file
