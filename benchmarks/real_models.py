@@ -798,7 +798,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--eval-max-new-tokens", type=int, default=16)
     ap.add_argument("--niah-max-new-tokens", type=int, default=50,
                     help="greedy budget of the NIAH detection trials (Wu on NIAH): their "
-                         "answers are sentences of 19-25 tokens, which 16 tokens cut off "
+                         "answers are sentences of 16-25 tokens, which 16 tokens cut off "
                          "before the trial gate (ROUGE-1 recall > 0.5) can pass; 50 is "
                          "the paper's scoring budget")
     ap.add_argument("--control-ks", default=None,
