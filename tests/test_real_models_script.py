@@ -377,8 +377,8 @@ def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
                                                               monkeypatch) -> None:
     """Wu on NIAH decodes its trials with ``--niah-max-new-tokens`` (default 50, the
     paper's scoring budget): NIAH answers are sentences of 16-25 tokens, and the NoLiMa
-    detection budget (16, for a name) cut every one off before the trial gate (ROUGE-1
-    recall > 0.5) could pass: SmolLM2 was rejected on "... to take a walk in Chaoyang"
+    detection budget (16, for a name) cut every one off, most before the trial gate
+    (ROUGE-1 recall > 0.5) could pass: SmolLM2 was rejected on "... to take a walk in Chaoyang"
     (recall 0.47), which it completes at 30 tokens."""
     import locos_tl as lt
 
