@@ -8,7 +8,7 @@ fraction:
   the ragged per-group tensors, measured) against the full prefilled cache;
 - ``decode ms/token``: wall time per greedy decode step over the compressed cache
   (question tokens excluded), against plain greedy decoding with the full cache
-  (:func:`locos_tl.decode.greedy_decode`, the scorer's fast path);
+  (:func:`locos_tl.engine.decode.greedy_decode`, the scorer's fast path);
 - on CUDA, the peak allocated memory during the compressed decode.
 
 The model is a shipped organism (default ``retrieval-long``) or a random-weight
@@ -58,9 +58,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--new", type=int, default=8, help="decode steps timed per run")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     a = ap.parse_args(argv)
-    from locos_tl.compress import compressed_generate, context_capacity, kv_budgets
-    from locos_tl.compress.generate import n_heads_of, prefill_context
-    from locos_tl.decode import greedy_decode
+    from locos_tl.experiments.compress import compressed_generate, context_capacity, kv_budgets
+    from locos_tl.experiments.compress.generate import n_heads_of, prefill_context
+    from locos_tl.engine.decode import greedy_decode
     from locos_tl.trials import Trial
 
     model = _model(a.shape, a.device)

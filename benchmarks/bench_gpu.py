@@ -68,7 +68,7 @@ def build_checkpoint(shape: str, path: Path, device: str) -> Path:
     import torch
     import transformers
 
-    from locos_tl.tiny import byte_bpe_tokenizer
+    from locos_tl.models.tiny import byte_bpe_tokenizer
 
     spec = {k: v for k, v in SHAPES[shape].items() if k not in ("dtype", "lengths")}
     tok = byte_bpe_tokenizer()
@@ -319,9 +319,9 @@ def profile_steps(mode, plain, model, tokens, device, n_layers, steps: int = 4) 
             authors_score_switch(plain, ids, span, steps * 2 + 1, on_step=mark)
         else:
             import locos_tl as lt
-            from locos_tl.decode import greedy_decode
+            from locos_tl.engine.decode import greedy_decode
             from locos_tl.detectors import get_detector
-            from locos_tl.unembed import AnswerDirections
+            from locos_tl.engine.unembed import AnswerDirections
 
             names = ["locos"] if mode == "locos" else list(lt.DETECTORS)
             dets = [get_detector(m) for m in names]

@@ -70,10 +70,10 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from locos_tl.models import load_model
-    from locos_tl.patching import cri_trial
-    from locos_tl.score import score_trials
-    from locos_tl.tiny import make_tiny_checkpoint
+    from locos_tl.models.load import load_model
+    from locos_tl.experiments.patching import cri_trial
+    from locos_tl.experiments.score import score_trials
+    from locos_tl.models.tiny import make_tiny_checkpoint
 
     torch.set_grad_enabled(False)
     tmp = Path(tempfile.mkdtemp(prefix="bench-methods-"))

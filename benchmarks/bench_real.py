@@ -116,10 +116,10 @@ def _common_imports() -> None:
     from transformer_lens import TransformerBridge  # noqa: F401
     from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache  # noqa: F401
 
-    import locos_tl.ablation  # noqa: F401
-    import locos_tl.decode  # noqa: F401
-    import locos_tl.evaluate  # noqa: F401
-    import locos_tl.score  # noqa: F401
+    import locos_tl.engine.ablation  # noqa: F401
+    import locos_tl.engine.decode  # noqa: F401
+    import locos_tl.experiments.evaluate  # noqa: F401
+    import locos_tl.experiments.score  # noqa: F401
 
 
 def _bench_gpu() -> Any:
@@ -205,7 +205,7 @@ def make_setup(out: Path, lengths: list[int], max_new: int) -> dict[str, Any]:
         if all(str(n) in setup["trials"] for n in lengths) and setup["max_new"] == max_new:
             return setup
     import locos_tl as lt
-    from locos_tl.zoo import resolve_checkpoint
+    from locos_tl.models.zoo import resolve_checkpoint
 
     out.mkdir(parents=True, exist_ok=True)
     model = lt.load_model(MODEL, device="cpu")
@@ -385,9 +385,9 @@ def diagnose_child(setup_path: str) -> None:
 
     out["import_transformer_lens_mb"] = _status("VmRSS") - r0
     r0 = _status("VmRSS")
-    import locos_tl.ablation  # noqa: F401
-    import locos_tl.decode  # noqa: F401
-    import locos_tl.score  # noqa: F401
+    import locos_tl.engine.ablation  # noqa: F401
+    import locos_tl.engine.decode  # noqa: F401
+    import locos_tl.experiments.score  # noqa: F401
 
     out["import_locos_tl_mb"] = _status("VmRSS") - r0
     r0 = _status("VmRSS")
@@ -412,8 +412,8 @@ def diagnose_child(setup_path: str) -> None:
     gc.collect()
     # 3. the bridge: shared tensors, tokenizer loads, twins, prefill, scoring
     import locos_tl as lt
-    from locos_tl.engine import prefill
-    from locos_tl.twin import twin_info
+    from locos_tl.engine.forward import prefill
+    from locos_tl.engine.twin import twin_info
 
     loads = []
     orig = transformers.AutoTokenizer.from_pretrained.__func__

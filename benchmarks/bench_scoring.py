@@ -91,7 +91,7 @@ def main() -> None:
         ckpt, mode, n, new = args.child
         child(ckpt, mode, int(n), int(new))
         return
-    from locos_tl.tiny import make_tiny_checkpoint
+    from locos_tl.models.tiny import make_tiny_checkpoint
 
     tmp = Path(tempfile.mkdtemp())
     ckpt = make_tiny_checkpoint(

@@ -51,7 +51,7 @@ def _model_dir(tmp: Path) -> tuple[Path, str]:
             return org, f"organism {org.name}"
     except ImportError:
         pass
-    from locos_tl.tiny import make_tiny_checkpoint
+    from locos_tl.models.tiny import make_tiny_checkpoint
 
     ckpt = make_tiny_checkpoint(
         "qwen3", tmp / "qwen3-4l-256", num_hidden_layers=4, hidden_size=256,
@@ -73,7 +73,7 @@ def main() -> None:
     import torch
 
     import locos_tl as lt
-    from locos_tl.distributed import ScoreSpec, ScoreTask, model_pool
+    from locos_tl.runs.distributed import ScoreSpec, ScoreTask, model_pool
 
     tmp = Path(tempfile.mkdtemp())
     path, label = _model_dir(tmp)

@@ -5,7 +5,7 @@ For each prompt length, on a shipped organism (default ``retrieval-long``, book 
 1. scores heads with LOCOS, the Wu copy score and HeadKV's retrieval-reasoning score
    (:func:`locos_tl.score_trials`) on ``--n-detect`` trials per task (seed 31);
 2. sweeps the retained fraction of the context KV cache under each ranking, plus the
-   uniform and random controls (:func:`locos_tl.compress.compression_sweep`, greedy
+   uniform and random controls (:func:`locos_tl.experiments.compress.compression_sweep`, greedy
    allocation, per-query-head budgets, HeadKV's published allocation for ``headkv``) on
    ``--n-eval`` fresh trials per task (seed 32);
 3. prints accuracy per ranking x fraction x task, and the LOCOS - Wu gap.
@@ -29,7 +29,7 @@ FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
 def sweep_at(model, n_tokens: int, n_detect: int, n_eval: int, book, fractions) -> pd.DataFrame:
     import locos_tl as lt
-    from locos_tl.compress import compression_sweep
+    from locos_tl.experiments.compress import compression_sweep
     from locos_tl.organisms import make_trials
 
     detect = [t for task in ("literal", "nonliteral")

@@ -3,7 +3,7 @@
 Builds the set's NoLiMa trials (``direct`` and ``onehop`` questions by default) at one
 prompt length, decodes them greedily with the project's protocol (free generation, stop
 at the bare newline token or end of sequence, at most 50 new tokens), and scores each
-response with NoLiMa's ``contains`` and ROUGE-L F (:func:`locos_tl.task_metrics.
+response with NoLiMa's ``contains`` and ROUGE-L F (:func:`locos_tl.experiments.task_metrics.
 score_nolima`) and the LOCOS trial gate (ROUGE-1 recall > 0.5). Decoding is plain Hugging
 Face ``generate`` (SDPA attention) on the model's float32 checkpoint; trials that share a
 prompt prefix (same haystack and depth) reuse its KV cache, which changes no greedy token
@@ -48,7 +48,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from locos_tl.answers import passes_gate
+from locos_tl.engine.answers import passes_gate
 from locos_tl.data import (
     Haystack,
     PromptBuilder,
@@ -57,7 +57,7 @@ from locos_tl.data import (
     load_needle_set,
 )
 from locos_tl.data.hub import load_tokenizer
-from locos_tl.task_metrics import nolima_contains, score_nolima
+from locos_tl.experiments.task_metrics import nolima_contains, score_nolima
 
 MAX_NEW_TOKENS = 50
 FIELDS = ("trial_id", "entry_id", "test_id", "question_type", "reasoning_type", "character",
@@ -66,7 +66,7 @@ FIELDS = ("trial_id", "entry_id", "test_id", "question_type", "reasoning_type", 
 
 def checkpoint_dir(model: str) -> str:
     """A real model's prepared directory (``locos models fetch``), else ``model``."""
-    from locos_tl.zoo import REAL_MODELS, resolve_checkpoint
+    from locos_tl.models.zoo import REAL_MODELS, resolve_checkpoint
 
     if model in REAL_MODELS:
         return str(resolve_checkpoint(model))

@@ -217,7 +217,7 @@ def _detect_haystack(args: argparse.Namespace, books: Path) -> Path:
     if args.detect_haystack == "dracula":
         return books / "dracula_part1.txt"
     if args.detect_haystack == "prose":
-        from locos_tl.demo_real import DEFAULT_HAYSTACK
+        from locos_tl.cli.demo_real import DEFAULT_HAYSTACK
 
         return DEFAULT_HAYSTACK
     return Path(args.detect_haystack)
@@ -243,7 +243,7 @@ def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
 
 
 def load_rankings(out: Path) -> dict[str, Any]:
-    from locos_tl.rundir import load_head_scores
+    from locos_tl.runs.rundir import load_head_scores
 
     res = {m: load_head_scores(out / "detect", m) for m in DETECTORS}
     res["wu_niah"] = load_head_scores(out / "detect_niah", "wu")
@@ -337,7 +337,7 @@ def trial_values(run: Path, trials: list[Any], scorer: str,
     later call grew); the records hold every finished generation, so sweeps run on
     different grids (a ragged grid) report together.
     """
-    from locos_tl.run_table import score_records
+    from locos_tl.experiments.run_table import score_records
 
     per = score_records(run, trials, scorer)
     n = len({t.trial_id for t in trials})
@@ -381,7 +381,7 @@ def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
              control: bool = False) -> dict[tuple[str, int, int], str]:
     """(method, k, seed) -> head-set key, from the same jobs :func:`ablate` ran (with
     ``control``: the control runs' grid, ``--control-ks`` and ``--control-seeds``)."""
-    from locos_tl.evaluate import build_jobs
+    from locos_tl.experiments.evaluate import build_jobs
 
     ks, seeds = args.ks, args.random_seeds
     if control:
@@ -425,8 +425,8 @@ def saved_cri(model: Any, args: argparse.Namespace, out: Path, subset: list[Any]
     get the same numbers. A larger ``--n-cri`` still needs the records (or patches every
     trial again)."""
     import locos_tl as lt
-    from locos_tl.models import model_dtype, model_name
-    from locos_tl.records import read_records
+    from locos_tl.models.load import model_dtype, model_name
+    from locos_tl.runs.records import read_records
     from locos_tl.trials import trial_set_hash
 
     path = out / "heads" / "cri"
@@ -475,7 +475,7 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
     from tqdm.auto import tqdm
 
     from locos_tl.cli.compress import ranking_hash  # what `locos compress` records
-    from locos_tl.compress import compression_sweep
+    from locos_tl.experiments.compress import compression_sweep
 
     path = out / "compress" / "compression.csv"
     settings_path = path.with_name("settings.json")
@@ -587,7 +587,7 @@ def headline(tables: dict[tuple[str, int], pd.DataFrame], k_head: int,
 
 def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> None:
     import locos_tl as lt
-    from locos_tl.evaluate import dissociation_score
+    from locos_tl.experiments.evaluate import dissociation_score
 
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)

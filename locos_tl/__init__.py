@@ -14,56 +14,54 @@ This keeps ``locos --help`` fast.
 from __future__ import annotations
 
 import importlib
-import sys
-import types
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
 # public name -> (module, attribute in that module; None: the module itself)
 _EXPORTS: dict[str, tuple[str, str | None]] = {
-    "ablate": ("locos_tl.ablation", "ablate"),
-    "AblationMeans": ("locos_tl.ablation", "AblationMeans"),
-    "answer_steps": ("locos_tl.answers", "answer_steps"),
+    "ablate": ("locos_tl.engine.ablation", "ablate"),
+    "AblationMeans": ("locos_tl.engine.ablation", "AblationMeans"),
+    "answer_steps": ("locos_tl.engine.answers", "answer_steps"),
     "build_arithmetic_trials": ("locos_tl.data", "build_arithmetic_trials"),
     "build_niah_trials": ("locos_tl.data", "build_niah_trials"),
     "build_nolima_trials": ("locos_tl.data", "build_nolima_trials"),
     "build_parametric_trials": ("locos_tl.data", "build_parametric_trials"),
-    "calibrate_means": ("locos_tl.ablation", "calibrate_means"),
-    "compare_rankings": ("locos_tl.compare", "compare_rankings"),
-    "corrupt_tokens": ("locos_tl.patching", "corrupt_tokens"),
+    "calibrate_means": ("locos_tl.engine.ablation", "calibrate_means"),
+    "compare_rankings": ("locos_tl.experiments.compare", "compare_rankings"),
+    "corrupt_tokens": ("locos_tl.experiments.patching", "corrupt_tokens"),
     "DataFormatError": ("locos_tl.errors", "DataFormatError"),
-    "DecodeResult": ("locos_tl.decode", "DecodeResult"),
-    "DecodeStep": ("locos_tl.decode", "DecodeStep"),
+    "DecodeResult": ("locos_tl.engine.decode", "DecodeResult"),
+    "DecodeStep": ("locos_tl.engine.decode", "DecodeStep"),
     "DETECTORS": ("locos_tl.detectors", "DETECTORS"),
-    "dissociation_score": ("locos_tl.evaluate", "dissociation_score"),
-    "evaluate": ("locos_tl.evaluate", "evaluate"),
+    "dissociation_score": ("locos_tl.experiments.evaluate", "dissociation_score"),
+    "evaluate": ("locos_tl.experiments.evaluate", "evaluate"),
     "expand_needle_set": ("locos_tl.data", "expand_needle_set"),
     "get_detector": ("locos_tl.detectors", "get_detector"),
-    "greedy_decode": ("locos_tl.decode", "greedy_decode"),
+    "greedy_decode": ("locos_tl.engine.decode", "greedy_decode"),
     "head_label": ("locos_tl.heads", "head_label"),
     "HeadScores": ("locos_tl.heads", "HeadScores"),
     "HeadSpecError": ("locos_tl.errors", "HeadSpecError"),
-    "load_evaluation": ("locos_tl.run_table", "load_evaluation"),
+    "load_evaluation": ("locos_tl.experiments.run_table", "load_evaluation"),
     "load_haystacks": ("locos_tl.data", "load_haystacks"),
-    "load_model": ("locos_tl.models", "load_model"),
+    "load_model": ("locos_tl.models.load", "load_model"),
     "load_needle_set": ("locos_tl.data", "load_needle_set"),
     "load_niah_probes": ("locos_tl.data", "load_niah_probes"),
     "load_trials": ("locos_tl.trials", "load_trials"),
     "LocosError": ("locos_tl.errors", "LocosError"),
     "ModelLoadError": ("locos_tl.errors", "ModelLoadError"),
     "parse_heads": ("locos_tl.head_spec", "parse_heads"),
-    "passes_gate": ("locos_tl.answers", "passes_gate"),
-    "patch_heads": ("locos_tl.patching", "patch_heads"),
-    "phi_layer": ("locos_tl.kernel", "phi_layer"),
-    "phi_tensor": ("locos_tl.phi", "phi_tensor"),
+    "passes_gate": ("locos_tl.engine.answers", "passes_gate"),
+    "patch_heads": ("locos_tl.experiments.patching", "patch_heads"),
+    "phi_layer": ("locos_tl.engine.kernel", "phi_layer"),
+    "phi_tensor": ("locos_tl.engine.phi", "phi_tensor"),
     "plot": ("locos_tl.plot", None),  # lt.plot.head_heatmap, ...
-    "random_heads": ("locos_tl.ablation", "random_heads"),
-    "rouge1_recall": ("locos_tl.answers", "rouge1_recall"),
-    "rougeL_f": ("locos_tl.answers", "rougeL_f"),
+    "random_heads": ("locos_tl.engine.ablation", "random_heads"),
+    "rouge1_recall": ("locos_tl.engine.answers", "rouge1_recall"),
+    "rougeL_f": ("locos_tl.engine.answers", "rougeL_f"),
     "save_trials": ("locos_tl.trials", "save_trials"),
-    "score_trials": ("locos_tl.score", "score_trials"),
-    "spatial_contrast": ("locos_tl.kernel", "spatial_contrast"),
+    "score_trials": ("locos_tl.experiments.score", "score_trials"),
+    "spatial_contrast": ("locos_tl.engine.kernel", "spatial_contrast"),
     "Trial": ("locos_tl.trials", "Trial"),
     "TrialError": ("locos_tl.errors", "TrialError"),
 }
@@ -136,30 +134,8 @@ def __dir__() -> list[str]:
     return sorted(set(globals()) | set(_EXPORTS))
 
 
-class _Package(types.ModuleType):
-    """``locos_tl.evaluate`` is the function, not the sub-module of the same name.
-
-    Importing a sub-module binds it on its package (``locos_tl.evaluate = <module>``);
-    where a public name is a function of the same-named sub-module, bind the function
-    instead, as the former eager ``from locos_tl.evaluate import evaluate`` did. The
-    sub-module stays reachable as ``sys.modules["locos_tl.evaluate"]``.
-    """
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        target = _EXPORTS.get(name)
-        if (target is not None and target[1] is not None and isinstance(value, types.ModuleType)
-                and value.__name__ == target[0]):
-            value = getattr(value, target[1])
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package
-
 if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl import plot  # noqa: F401
-    from locos_tl.ablation import AblationMeans, ablate, calibrate_means, random_heads
-    from locos_tl.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
-    from locos_tl.compare import compare_rankings
     from locos_tl.data import (
         build_arithmetic_trials,
         build_niah_trials,
@@ -170,8 +146,12 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         load_needle_set,
         load_niah_probes,
     )
-    from locos_tl.decode import DecodeResult, DecodeStep, greedy_decode
     from locos_tl.detectors import DETECTORS, get_detector
+    from locos_tl.engine.ablation import AblationMeans, ablate, calibrate_means, random_heads
+    from locos_tl.engine.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
+    from locos_tl.engine.decode import DecodeResult, DecodeStep, greedy_decode
+    from locos_tl.engine.kernel import phi_layer, spatial_contrast
+    from locos_tl.engine.phi import phi_tensor
     from locos_tl.errors import (
         DataFormatError,
         HeadSpecError,
@@ -179,13 +159,12 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         ModelLoadError,
         TrialError,
     )
-    from locos_tl.evaluate import dissociation_score, evaluate
+    from locos_tl.experiments.compare import compare_rankings
+    from locos_tl.experiments.evaluate import dissociation_score, evaluate
+    from locos_tl.experiments.patching import corrupt_tokens, patch_heads
+    from locos_tl.experiments.run_table import load_evaluation
+    from locos_tl.experiments.score import score_trials
     from locos_tl.head_spec import parse_heads
     from locos_tl.heads import HeadScores, head_label
-    from locos_tl.kernel import phi_layer, spatial_contrast
-    from locos_tl.models import load_model
-    from locos_tl.patching import corrupt_tokens, patch_heads
-    from locos_tl.phi import phi_tensor
-    from locos_tl.run_table import load_evaluation
-    from locos_tl.score import score_trials
+    from locos_tl.models.load import load_model
     from locos_tl.trials import Trial, load_trials, save_trials

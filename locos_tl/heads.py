@@ -357,7 +357,7 @@ class HeadScores:
         cls, records: Sequence[dict[str, Any]], method: str, *, n_layers: int, n_heads: int,
         variant: str = "", meta: dict[str, Any] | None = None, seed: int = 0,
     ) -> HeadScores:
-        """Aggregate per-trial records (see ``locos_tl.score``) for one method.
+        """Aggregate per-trial records (see ``locos_tl.experiments.score``) for one method.
 
         A record contributes when ``method`` accepted it (per-method acceptance,
         :func:`locos_tl.acceptance.method_accepted`) and has a score for ``method`` that

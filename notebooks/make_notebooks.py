@@ -405,7 +405,7 @@ import pandas as pd
 
 import locos_tl
 from locos_tl import plot
-from locos_tl.compress import compression_sweep, kv_budgets
+from locos_tl.experiments.compress import compression_sweep, kv_budgets
 from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
 
 # The default organism (retrieval-long) at 1024 tokens (its MODEL_CARD.md gives the valid
@@ -547,7 +547,7 @@ import pandas as pd
 
 import locos_tl
 from locos_tl import plot
-from locos_tl.rundir import load_head_scores
+from locos_tl.runs.rundir import load_head_scores
 
 RESULTS = Path("../docs/real_models/smollm2")
 summary = json.loads((RESULTS / "summary.json").read_text())

@@ -21,7 +21,7 @@ SHARED_DATA = REPO.parent / "shared" / "data"
 
 @pytest.fixture(scope="session")
 def tiny_dirs(tmp_path_factory) -> dict[str, Path]:
-    from locos_tl.tiny import ARCHS, byte_bpe_tokenizer, make_tiny_checkpoint
+    from locos_tl.models.tiny import ARCHS, byte_bpe_tokenizer, make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("tiny")
     tok = byte_bpe_tokenizer()
@@ -46,10 +46,10 @@ def tiny_models(tiny_dirs):
 def windowed(tmp_path_factory):
     """``get(arch, dtype="float32")``: the bridge of a tiny checkpoint (seed 3) whose
     sliding windows are shorter than the tests' prompts
-    (:data:`locos_tl.tiny.SHORT_WINDOWS`), built once per session, loaded once per
+    (:data:`locos_tl.models.tiny.SHORT_WINDOWS`), built once per session, loaded once per
     ``(arch, dtype)``."""
     from locos_tl import load_model
-    from locos_tl.tiny import SHORT_WINDOWS, byte_bpe_tokenizer, make_tiny_checkpoint
+    from locos_tl.models.tiny import SHORT_WINDOWS, byte_bpe_tokenizer, make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("windowed")
     tok = byte_bpe_tokenizer()
@@ -81,7 +81,7 @@ def own_answer_trials(qwen3):
     import torch
 
     from locos_tl import Trial
-    from locos_tl.decode import greedy_decode
+    from locos_tl.engine.decode import greedy_decode
 
     out = []
     for seed in range(200):

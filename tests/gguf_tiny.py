@@ -31,7 +31,7 @@ def write_tiny_gguf(path: Path, seed: int = 0) -> Path:
     import gguf
     from gguf.quants import quantize
 
-    from locos_tl.tiny import byte_bpe_tokenizer
+    from locos_tl.models.tiny import byte_bpe_tokenizer
 
     tok = byte_bpe_tokenizer()
     spec = json.loads(tok.backend_tokenizer.to_str())["model"]

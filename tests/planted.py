@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from locos_tl.tiny import byte_bpe_tokenizer, tiny_config
+from locos_tl.models.tiny import byte_bpe_tokenizer, tiny_config
 from locos_tl.trials import Trial
 
 PLANTED = (1, 2)

@@ -6,15 +6,15 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol, sum_tol
 
-from locos_tl.ablation import (
+from locos_tl.engine.ablation import (
     ABLATION_MODES,
     AblationMeans,
     ablate,
     calibrate_means,
     random_heads,
 )
-from locos_tl.decode import greedy_decode
-from locos_tl.interventions import lens_hooks_attached
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.interventions import lens_hooks_attached
 
 TOKENS = torch.tensor([[5 + (7 * i) % 300 for i in range(24)]])
 HEADS = [(0, 1), (1, 2)]

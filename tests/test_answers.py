@@ -2,9 +2,9 @@
 
 import pytest
 
-from locos_tl.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
+from locos_tl.engine.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
 from locos_tl.errors import TrialError
-from locos_tl.tiny import byte_bpe_tokenizer
+from locos_tl.models.tiny import byte_bpe_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from locos_tl.ablation import calibrate_means
-from locos_tl.decode import greedy_decode
+from locos_tl.engine.ablation import calibrate_means
+from locos_tl.engine.decode import greedy_decode
 from locos_tl.errors import TrialError
-from locos_tl.evaluate import evaluate
-from locos_tl.patching import patch_heads
-from locos_tl.score import score_trials
+from locos_tl.experiments.evaluate import evaluate
+from locos_tl.experiments.patching import patch_heads
+from locos_tl.experiments.score import score_trials
 from locos_tl.trials import Trial
 
 GOOD = dict(tokens=[3, 4, 5, 6, 7, 8], needle_span=(1, 3), answer="Mary")

@@ -1,7 +1,7 @@
 """Batched trials (issue 10 item 4) give exactly batch size 1's records.
 
 Every trial decoded in a batch (left padding, explicit positions, the twins) must give
-the record :func:`locos_tl.runner.run_trial` gives it alone: same generated tokens,
+the record :func:`locos_tl.runs.runner.run_trial` gives it alone: same generated tokens,
 response, stop, acceptance and answer steps, and every method's per-trial scores and
 step values equal to float32 summation order (``tests/tolerances.py``). Checked on
 Qwen3 (one sliding-window layer), Gemma-3 (window 8, shorter than every prompt but
@@ -21,12 +21,12 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial
-from locos_tl.batch import batch_fallback_reason, run_trials_batched
-from locos_tl.decode import greedy_decode
 from locos_tl.detectors import DETECTORS, get_detector
-from locos_tl.runner import run_trial
-from locos_tl.tiny import SHORT_WINDOWS
-from locos_tl.unembed import AnswerDirections
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.unembed import AnswerDirections
+from locos_tl.models.tiny import SHORT_WINDOWS
+from locos_tl.runs.batch import batch_fallback_reason, run_trials_batched
+from locos_tl.runs.runner import run_trial
 
 NEW = 10
 LENGTHS = (5, 12, 25, 40, 31, 18, 55, 23)
@@ -124,7 +124,7 @@ def test_early_stopper_alone_and_in_a_batch(windowed):
 
 
 def test_score_trials_batched_and_resumed(windowed, tmp_path, monkeypatch):
-    import locos_tl.batch as batch_mod
+    import locos_tl.runs.batch as batch_mod
     from locos_tl import score_trials
 
     model = windowed("llama")

@@ -18,7 +18,7 @@ def test_score_writes_all_outputs(tiny_dirs, own_answer_trials, tmp_path):
                               "--out", str(out), "--max-new-tokens", "8", "--variant", "exact"])
     assert res.exit_code == 0, res.output
     for f in ("scores.csv", "trials.jsonl", "meta.json", "locos/scores.csv", "locos/heads.json",
-              "locos/head_scores.json", "locos/heatmap.html"):  # one layout (locos_tl.rundir)
+              "locos/head_scores.json", "locos/heatmap.html"):  # one layout (locos_tl.runs.rundir)
         assert (out / f).exists(), f
     df = pd.read_csv(out / "scores.csv")
     assert len(df) == 2 * 4 and set(df["variant"]) == {"exact"} and set(df["n_trials"]) == {3}

@@ -24,7 +24,7 @@ runner = CliRunner()
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Any model load fails the test: the command must refuse before loading."""
-    import locos_tl.models
+    import locos_tl.models.load
 
     calls = []
 
@@ -32,7 +32,7 @@ def no_model_load(monkeypatch):
         calls.append(args)
         raise AssertionError("the model was loaded before the options were checked")
 
-    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+    monkeypatch.setattr(locos_tl.models.load, "load_model", load_model)
     return calls
 
 
@@ -103,9 +103,9 @@ def _resume_line(output: str) -> list[str]:
 
 
 def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_file, tmp_path):
-    import locos_tl.score
+    import locos_tl.experiments.score
 
-    real = locos_tl.score.run_trial
+    real = locos_tl.experiments.score.run_trial
     calls = []
 
     def interrupted_after_two(*args, **kwargs):
@@ -117,14 +117,14 @@ def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_f
     args = ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials_file),
             "--out", str(tmp_path / "run"), "--max-new-tokens", "8", "--variant", "exact",
             "--method", "locos,wu"]
-    monkeypatch.setattr(locos_tl.score, "run_trial", interrupted_after_two)
+    monkeypatch.setattr(locos_tl.experiments.score, "run_trial", interrupted_after_two)
     res = runner.invoke(app, args)
     assert res.exit_code == 130, res.output
     assert "interrupted" in res.output and "Traceback" not in res.output
     resume = _resume_line(res.output)
     assert len((tmp_path / "run" / "trials.jsonl").read_text().splitlines()) == 2
 
-    monkeypatch.setattr(locos_tl.score, "run_trial", real)
+    monkeypatch.setattr(locos_tl.experiments.score, "run_trial", real)
     again = runner.invoke(app, resume)  # the printed command, verbatim
     assert again.exit_code == 0, again.output
     assert f"resuming {tmp_path / 'run'}: skipping 2 of 3 finished trials" in again.output
@@ -135,8 +135,8 @@ def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_f
 
 
 def test_ctrl_c_during_ablate_says_how_to_resume(monkeypatch, tiny_dirs, trials_file, tmp_path):
-    evaluate_module = importlib.import_module("locos_tl.evaluate")  # the module, not
-    assert evaluate_module is sys.modules["locos_tl.evaluate"]  # locos_tl.evaluate()
+    evaluate_module = importlib.import_module("locos_tl.experiments.evaluate")  # the module, not
+    assert evaluate_module is sys.modules["locos_tl.experiments.evaluate"]  # locos_tl.evaluate()
     HeadScores("locos", torch.randn(3, 2, 4)).save(tmp_path / "locos")
     real = evaluate_module.greedy_decode
     calls = []
@@ -228,7 +228,7 @@ def test_figures_share_one_plotly_js(tmp_path):
 
 def test_demo_table_says_no_head_scored(capsys):
     """All-zero Wu scores: no "top heads" in index order, and a line that says so."""
-    from locos_tl.cli.demo import ranking_table
+    from locos_tl.cli.demo_tables import ranking_table
     from locos_tl.cli.score import print_top
 
     part = torch.zeros(3, 2, 4)
@@ -309,12 +309,12 @@ def test_score_run_directory_conflicts_before_loading(monkeypatch, tiny_dirs, ow
     args = ["score", "--model", str(tiny_dirs["qwen3"]), "--out", str(tmp_path / "run"),
             "--max-new-tokens", "8", "--trials"]
     assert runner.invoke(app, [*args, str(a)]).exit_code == 0
-    import locos_tl.models
+    import locos_tl.models.load
 
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the run directory was checked")
 
-    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+    monkeypatch.setattr(locos_tl.models.load, "load_model", load_model)
     for extra, message in [([str(b)], r"holds a run over another trial set"),
                            ([str(a), "--variant", "exact"],
                             r"holds a run with other settings \(variant: 'raw' != 'exact'\)"),
@@ -354,12 +354,12 @@ def test_compress_trial_set_conflict_before_loading(monkeypatch, tiny_dirs, own_
             "--include", "none", "--max-new-tokens", "2"]
     first = runner.invoke(app, args)
     assert first.exit_code == 0, first.output
-    import locos_tl.models
+    import locos_tl.models.load
 
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the run directory was checked")
 
-    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+    monkeypatch.setattr(locos_tl.models.load, "load_model", load_model)
     args[args.index("--trials") + 1] = str(b)
     res = runner.invoke(app, args)
     assert res.exit_code == 2, res.output
@@ -381,9 +381,9 @@ def test_demo_run_directory_conflict_before_loading(no_model_load, tmp_path):
 
 
 def test_means_file_checked_before_loading(no_model_load, tiny_dirs, trials_file, tmp_path):
-    from locos_tl.ablation import AblationMeans
     from locos_tl.cli._common import checkpoint_d_head
     from locos_tl.cli.ablate import checkpoint_dims
+    from locos_tl.engine.ablation import AblationMeans
 
     args = [*_command_args("ablate", tiny_dirs, tmp_path, trials_file), "--k", "1"]
     (tmp_path / "x.json").write_text('{"q": [1, 2]}')

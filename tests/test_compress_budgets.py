@@ -1,4 +1,4 @@
-"""KV budgets (locos_tl.compress.budgets): hand-computed allocations, the GQA max rule,
+"""KV budgets (locos_tl.experiments.compress.budgets): hand-computed allocations, the GQA max rule,
 floors, exact totals."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from locos_tl.compress import Budgets, kv_budgets
 from locos_tl.errors import LocosError
+from locos_tl.experiments.compress import Budgets, kv_budgets
 
 
 def test_gqa_max_rule_and_sum_option():
@@ -201,7 +201,7 @@ def test_one_fraction_check_for_the_api_and_the_cli():
     import typer
 
     from locos_tl.cli.compress import parse_fractions
-    from locos_tl.compress.fractions import check_fractions
+    from locos_tl.experiments.compress.fractions import check_fractions
 
     assert check_fractions([0.5, "0.1", 0.5, 1]) == [0.5, 0.1, 1.0]
     assert parse_fractions(" 0.5, 0.1,,0.5,1 ") == [0.5, 0.1, 1.0]
@@ -212,7 +212,7 @@ def test_one_fraction_check_for_the_api_and_the_cli():
             check_fractions(bad)
         with pytest.raises(typer.BadParameter, match=message):
             parse_fractions(",".join(map(str, bad)))
-    code = ("import sys; from locos_tl.compress import check_fractions; "
+    code = ("import sys; from locos_tl.experiments.compress import check_fractions; "
             "check_fractions([0.1]); print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True)

@@ -52,7 +52,7 @@ def _args(setup, out: Path, *extra: str) -> list[str]:
 
 @pytest.mark.filterwarnings("ignore:.*below the floor")
 def test_compress_writes_the_sweep_of_the_api(organism, setup):
-    from locos_tl.compress import compression_sweep
+    from locos_tl.experiments.compress import compression_sweep
 
     out = setup["tmp"] / "run"
     res = runner.invoke(app, _args(setup, out, "--device", "cpu"))
@@ -149,7 +149,7 @@ def test_compress_resumes_an_interrupted_run(setup):
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    import locos_tl.models
+    import locos_tl.models.load
 
     calls = []
 
@@ -157,7 +157,7 @@ def no_model_load(monkeypatch):
         calls.append(args)
         raise AssertionError("the model was loaded before the options were checked")
 
-    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+    monkeypatch.setattr(locos_tl.models.load, "load_model", load_model)
     return calls
 
 
@@ -165,7 +165,7 @@ def test_compress_resume_refuses_another_dtype(setup, tmp_path, monkeypatch):
     """Issue 19: a float32 run resumed with --dtype bfloat16 is refused before the
     model loads, as `locos score` refuses it; so is a run recorded before dtype was a
     setting (its provenance says float32)."""
-    import locos_tl.models
+    import locos_tl.models.load
 
     out = tmp_path / "run"
     args = _args(setup, out, "--heads", str(setup["tmp"] / "scores" / "wu"),
@@ -179,7 +179,7 @@ def test_compress_resume_refuses_another_dtype(setup, tmp_path, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the model was loaded before the run directory was checked")
 
-    monkeypatch.setattr(locos_tl.models, "load_model", no_load)
+    monkeypatch.setattr(locos_tl.models.load, "load_model", no_load)
     for old_meta in (meta, {**meta, "settings": {k: v for k, v in meta["settings"].items()
                                                   if k != "dtype"}}):
         (out / "meta.json").write_text(json.dumps(old_meta))

@@ -1,4 +1,4 @@
-"""Compressed decoding (locos_tl.compress): the full budget reproduces plain greedy
+"""Compressed decoding (locos_tl.experiments.compress): the full budget reproduces plain greedy
 decoding; partial budgets equal an independent brute-force reference (uncached bridge
 forward with evicted keys masked per head at ``hook_attn_scores``); measured bytes;
 budgets on sliding-window layers; models with learned attention sinks refused.
@@ -18,11 +18,16 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial
-from locos_tl.compress import compress_cache, compressed_generate, context_capacity, kv_budgets
-from locos_tl.compress.cache import layer_entries
-from locos_tl.compress.generate import n_heads_of, prefill_context
-from locos_tl.decode import greedy_decode
+from locos_tl.engine.decode import greedy_decode
 from locos_tl.errors import LocosError, TrialError
+from locos_tl.experiments.compress import (
+    compress_cache,
+    compressed_generate,
+    context_capacity,
+    kv_budgets,
+)
+from locos_tl.experiments.compress.cache import layer_entries
+from locos_tl.experiments.compress.generate import n_heads_of, prefill_context
 
 N, QS, STEPS = 40, 36, 6
 
@@ -155,7 +160,7 @@ def test_sliding_layer_budgets_stay_in_the_window(windowed):
 def mixed_gemma(tmp_path_factory):
     """Tiny Gemma-3 with a sliding layer (window 8) then a full-attention layer."""
     from locos_tl import load_model
-    from locos_tl.tiny import make_tiny_checkpoint
+    from locos_tl.models.tiny import make_tiny_checkpoint
 
     path = make_tiny_checkpoint("gemma3", tmp_path_factory.mktemp("mixed") / "gemma3",
                                 seed=3, sliding_window=8,
@@ -215,7 +220,7 @@ class _FakeSinkModel:
 
 
 def test_learned_sinks_are_refused():
-    from locos_tl.compress.cache import compressed_attention, compression_twin
+    from locos_tl.experiments.compress.cache import compressed_attention, compression_twin
 
     with pytest.raises(LocosError, match=r"\(attn\.sinks\) has learned attention sinks"):
         compression_twin(_FakeSinkModel())

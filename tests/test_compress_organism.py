@@ -12,9 +12,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from locos_tl.compress import compressed_generate, compression_sweep, kv_budgets
-from locos_tl.compress.generate import n_heads_of
-from locos_tl.decode import greedy_decode
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.experiments.compress import compressed_generate, compression_sweep, kv_budgets
+from locos_tl.experiments.compress.generate import n_heads_of
 
 ORG = Path(__file__).resolve().parents[1] / "data" / "organisms" / "retrieval-2l"
 
@@ -73,7 +73,7 @@ def test_writers_cache_keeps_nonliteral_copy_cache_does_not(organism, ground_tru
 
 
 def test_sweep_frame_prefills_once(organism, ground_truth, monkeypatch):
-    from locos_tl.compress import sweep as sweep_mod
+    from locos_tl.experiments.compress import sweep as sweep_mod
     from locos_tl.organisms.tasks import make_trials
 
     trials = make_trials("nonliteral", 3, 64, seed=3) + make_trials("literal", 3, 64, seed=3)
@@ -114,7 +114,7 @@ def test_sweep_frame_prefills_once(organism, ground_truth, monkeypatch):
 def test_sweep_decodes_each_distinct_budget_once(organism, ground_truth, monkeypatch):
     """Budgets that keep the same positions (every ranking at 1.0) are decoded once a
     trial, and the rows equal a sweep that decodes every (ranking, fraction) apart."""
-    from locos_tl.compress import sweep as sweep_mod
+    from locos_tl.experiments.compress import sweep as sweep_mod
     from locos_tl.organisms.tasks import make_trials
 
     trials = make_trials("nonliteral", 2, 64, seed=4)

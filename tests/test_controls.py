@@ -19,7 +19,6 @@ import torch
 from typer.testing import CliRunner
 
 from locos_tl import Trial, save_trials
-from locos_tl.answers import rougeL_f
 from locos_tl.cli import app
 from locos_tl.data.controls import (
     arithmetic_examples,
@@ -29,12 +28,13 @@ from locos_tl.data.controls import (
     parametric_examples,
 )
 from locos_tl.data.hub import ControlExample
+from locos_tl.engine.answers import rougeL_f
 from locos_tl.errors import DataFormatError
-from locos_tl.evaluate import BASELINE, dissociation_score
+from locos_tl.experiments.evaluate import BASELINE, dissociation_score
+from locos_tl.experiments.task_metrics import control_exact_match, nolima_contains, score_control
+from locos_tl.models.tiny import byte_bpe_tokenizer
 from locos_tl.organisms import SMALL_ORGANISM, make_echo_trials, make_trials
 from locos_tl.organisms import vocab as V
-from locos_tl.task_metrics import control_exact_match, nolima_contains, score_control
-from locos_tl.tiny import byte_bpe_tokenizer
 
 runner = CliRunner()
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl.decode import greedy_decode, prefill
+from locos_tl.engine.decode import greedy_decode, prefill
 from locos_tl.errors import TrialError
 
 

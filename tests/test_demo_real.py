@@ -23,7 +23,7 @@ N, LENGTH = 2, 160
 
 @pytest.fixture(scope="module")
 def demo_run(tmp_path_factory):
-    from locos_tl.zoo import get_real_model
+    from locos_tl.models.zoo import get_real_model
 
     if not get_real_model(MODEL).prepared:
         msg = f"{MODEL} is not fetched (run `locos models fetch {MODEL}`)"

@@ -22,8 +22,8 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial, load_model, score_trials
-from locos_tl.distributed import RAY_INSTALL_HINT, DistributedError
-from locos_tl.records import RECORDS_FILE
+from locos_tl.runs.distributed import RAY_INSTALL_HINT, DistributedError
+from locos_tl.runs.records import RECORDS_FILE
 
 METHODS = ["locos", "wu", "dla"]
 MAX_NEW = 6
@@ -76,7 +76,7 @@ def reference(setup, tmp_path_factory):
 @pytest.fixture(scope="module")
 def pool(setup):
     ray = pytest.importorskip("ray")
-    from locos_tl.distributed import model_pool
+    from locos_tl.runs.distributed import model_pool
 
     if ray.is_initialized():  # another module's cluster: start our own
         ray.shutdown()
@@ -137,7 +137,7 @@ def test_two_workers_equal_single_process(setup, reference, pool, tmp_path):
 
 def test_rerun_skips_finished_and_resumes_across_modes(setup, reference, pool, tmp_path,
                                                        monkeypatch):
-    import locos_tl.score as score_mod
+    import locos_tl.experiments.score as score_mod
 
     path, model, trials = setup
     ref, _ = reference
@@ -173,7 +173,7 @@ def test_rerun_skips_finished_and_resumes_across_modes(setup, reference, pool, t
     _assert_same(ref, again)
     assert len(_lines(tmp_path)) == len(trials)
     # and a single-process rerun reads the distributed records without decoding
-    import locos_tl.score as score_mod
+    import locos_tl.experiments.score as score_mod
 
     def boom(*a, **k):
         raise AssertionError("decoded a finished trial")
@@ -188,7 +188,7 @@ def test_rerun_skips_finished_and_resumes_across_modes(setup, reference, pool, t
 
 
 def test_more_workers_than_the_cluster_holds_fails_clearly(pool):
-    from locos_tl.distributed import ModelLoader, RayPool
+    from locos_tl.runs.distributed import ModelLoader, RayPool
 
     with pytest.raises(DistributedError, match="3 workers x 1 CPU"):
         with RayPool(ModelLoader("unused"), workers=3):
@@ -234,9 +234,9 @@ def test_cli_workers_dispatch(setup, reference, tmp_path, monkeypatch):
     passing the model path (no model is loaded in the driver)."""
     from typer.testing import CliRunner
 
-    import locos_tl.distributed
-    import locos_tl.models
-    import locos_tl.score
+    import locos_tl.experiments.score
+    import locos_tl.models.load
+    import locos_tl.runs.distributed
     from locos_tl.cli import app
     from locos_tl.trials import save_trials
 
@@ -252,9 +252,9 @@ def test_cli_workers_dispatch(setup, reference, tmp_path, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the driver loaded the model")
 
-    monkeypatch.setattr(locos_tl.score, "score_trials", fake_score)
-    monkeypatch.setattr(locos_tl.models, "load_model", no_load)
-    monkeypatch.setattr(locos_tl.distributed, "require_ray", lambda: None)  # ray optional
+    monkeypatch.setattr(locos_tl.experiments.score, "score_trials", fake_score)
+    monkeypatch.setattr(locos_tl.models.load, "load_model", no_load)
+    monkeypatch.setattr(locos_tl.runs.distributed, "require_ray", lambda: None)  # ray optional
     r = CliRunner().invoke(app, ["score", "--model", str(path), "--trials", str(f),
                                  "--out", str(tmp_path / "run"), "--method", "locos,wu,dla",
                                  "--workers", "2", "--ray-address", "auto"])
@@ -291,7 +291,7 @@ def test_ablation_sweep_on_two_workers_equals_single_process(setup, reference, p
     table and the same resumable records as a single-process sweep."""
     import pandas as pd
 
-    from locos_tl.evaluate import evaluate
+    from locos_tl.experiments.evaluate import evaluate
 
     _, model, trials = setup
     ref, _ = reference

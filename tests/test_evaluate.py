@@ -12,16 +12,22 @@ import pytest
 import torch
 from planted import PLANTED, build_planted, planted_trials
 
-from locos_tl.evaluate import BASELINE, build_jobs, dissociation_score, evaluate, heads_key
-from locos_tl.heads import HeadScores
-from locos_tl.models import load_model
-from locos_tl.task_metrics import (
+from locos_tl.experiments.evaluate import (
+    BASELINE,
+    build_jobs,
+    dissociation_score,
+    evaluate,
+)
+from locos_tl.experiments.run_table import heads_key
+from locos_tl.experiments.task_metrics import (
     babilong_substring,
     extract_answer_tag,
     musique_em_f1,
     nolima_contains,
     score_nolima,
 )
+from locos_tl.heads import HeadScores
+from locos_tl.models.load import load_model
 from locos_tl.trials import Trial
 
 
@@ -113,8 +119,8 @@ def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatc
     def no_decoding(*a, **k):
         raise AssertionError("a finished generation was rerun")
 
-    # `locos_tl.evaluate` is the function; patch the module through sys.modules
-    monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode", no_decoding)
+    # `locos_tl.experiments.evaluate` is the function; patch the module through sys.modules
+    monkeypatch.setattr(sys.modules["locos_tl.experiments.evaluate"], "greedy_decode", no_decoding)
     meta = (tmp_path / "meta.json").read_text()
     again = evaluate(model, trials, {"locos": [PLANTED], "other": [(0, 0)]},
                      out_dir=tmp_path, **kw)
@@ -146,13 +152,13 @@ def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
     assert (run / "trials.jsonl").read_text() == first  # nothing written by either
 
     calls = []
-    real = sys.modules["locos_tl.evaluate"].greedy_decode
+    real = sys.modules["locos_tl.experiments.evaluate"].greedy_decode
 
     def counting(m, tokens, **k):
         calls.append(tuple(tokens))
         return real(m, tokens, **k)
 
-    monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode", counting)
+    monkeypatch.setattr(sys.modules["locos_tl.experiments.evaluate"], "greedy_decode", counting)
     grown = evaluate(model, trials, sets, out_dir=run, extend=True, **kw)
     n_sets = len({json.loads(x)["heads_key"] for x in first.splitlines()})
     assert len(calls) == n_sets and set(calls) == {tuple(trials[1].tokens)}  # only new
@@ -166,7 +172,7 @@ def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> 
     ``load_evaluation`` hold every cell, each equal to the call that made it, and a cell
     without every trial is left out (not averaged over fewer)."""
     from locos_tl.errors import LocosError
-    from locos_tl.run_table import load_evaluation, read_jobs
+    from locos_tl.experiments.run_table import load_evaluation, read_jobs
 
     model, trials = planted
     kw = dict(mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
@@ -209,7 +215,7 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     is written; extend warns about the cells it leaves short; a custom scorer's numpy
     values give the same numbers in the table and the returned frame."""
     from locos_tl.errors import LocosError
-    from locos_tl.run_table import load_evaluation, read_jobs
+    from locos_tl.experiments.run_table import load_evaluation, read_jobs
 
     model, trials = planted
     run = tmp_path / "run"
@@ -256,8 +262,7 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     table = load_evaluation(tmp_path / "f32", trials, f32)
     assert own["value"].tolist() == table["value"].tolist()
 
-    from locos_tl.evaluate import AblationJob
-    from locos_tl.run_table import record_jobs
+    from locos_tl.experiments.run_table import AblationJob, record_jobs
 
     stale = tmp_path / "stale"  # an attempt that recorded its cells, then never generated
     stale.mkdir()
@@ -302,9 +307,9 @@ def test_unusable_head_sets_fail_before_generation(planted, monkeypatch) -> None
 
     model, trials = planted
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    import sys  # `locos_tl.evaluate` the attribute is the function; patch the module
+    import sys  # `locos_tl.experiments.evaluate` the attribute is the function; patch the module
 
-    monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode",
+    monkeypatch.setattr(sys.modules["locos_tl.experiments.evaluate"], "greedy_decode",
                         lambda *a, **k: pytest.fail("generation started"))
     with pytest.raises(ValueError, match=r"head \(9, 0\) is outside the model"):
         evaluate(model, trials, {"x": [(9, 0)]}, k=(1,), mode="query_zero", progress=False)

@@ -11,6 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from locos_tl.cli import app
+from locos_tl.cli.demo_real import DEFAULT_HAYSTACK
 from locos_tl.data import build_nolima_trials, expand_needle_set, load_haystack, load_needle_set
 from locos_tl.data.needle_sets import content_words, lexical_overlaps, shared_content_words
 from locos_tl.data.nolima import (
@@ -20,7 +21,6 @@ from locos_tl.data.nolima import (
     resolve_needle_set,
     shipped_needle_sets,
 )
-from locos_tl.demo_real import DEFAULT_HAYSTACK
 from locos_tl.errors import DataFormatError
 from locos_tl.trials import load_trials
 
@@ -38,7 +38,7 @@ def entries():
 def tok():
     """A byte-level BPE tokenizer trained on the shipped haystack and needles, with a
     ChatML chat template."""
-    from locos_tl.tiny import byte_bpe_tokenizer
+    from locos_tl.models.tiny import byte_bpe_tokenizer
 
     text = DEFAULT_HAYSTACK.read_text() + (NEEDLE_SETS_DIR / "everyday.json").read_text()
     t = byte_bpe_tokenizer(vocab_size=600, text=text)

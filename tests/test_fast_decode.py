@@ -21,11 +21,11 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial
-from locos_tl.decode import DecodeStep, engine_paths, greedy_decode, step_engine
 from locos_tl.detectors import DETECTORS, get_detector
-from locos_tl.score import score_trials
-from locos_tl.tiny import SHORT_WINDOWS
-from locos_tl.unembed import AnswerDirections
+from locos_tl.engine.decode import DecodeStep, engine_paths, greedy_decode, step_engine
+from locos_tl.engine.unembed import AnswerDirections
+from locos_tl.experiments.score import score_trials
+from locos_tl.models.tiny import SHORT_WINDOWS
 
 N_PROMPT = 40
 
@@ -194,12 +194,12 @@ def _imports(path: Path) -> set[str]:
 def test_data_flows_one_way():
     """runner <- local executor, runner <- Ray executor; neither executor imports the
     other or score.py, and the runner imports no executor."""
-    pkg = Path(__file__).resolve().parents[1] / "locos_tl"
+    pkg = Path(__file__).resolve().parents[1] / "locos_tl" / "runs"
     runner, local = (_imports(pkg / f) for f in ("runner.py", "local.py"))
     dist = set().union(*(_imports(f) for f in (pkg / "distributed").glob("*.py")))
-    executors = {"locos_tl.score", "locos_tl.local", "locos_tl.distributed"}
+    executors = {"locos_tl.experiments.score", "locos_tl.runs.local", "locos_tl.runs.distributed"}
     assert not runner & executors
-    assert not local & {"locos_tl.score", "locos_tl.distributed"}
-    assert not dist & {"locos_tl.score", "locos_tl.local"}
-    assert "locos_tl.runner" in dist or "locos_tl.runner.run_trial" in dist
-    assert "locos_tl.runner" in local
+    assert not local & {"locos_tl.experiments.score", "locos_tl.runs.distributed"}
+    assert not dist & {"locos_tl.experiments.score", "locos_tl.runs.local"}
+    assert "locos_tl.runs.runner" in dist or "locos_tl.runs.runner.run_trial" in dist
+    assert "locos_tl.runs.runner" in local

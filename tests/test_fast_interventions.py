@@ -17,12 +17,12 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial
-from locos_tl.ablation import ABLATION_MODES, ablate, calibrate_means
-from locos_tl.decode import greedy_decode, prefill
-from locos_tl.interventions import engine, hooks_reproducible, intervene
-from locos_tl.patching import cri_trial
-from locos_tl.tiny import SHORT_WINDOWS
-from locos_tl.twin import sdpa_twin
+from locos_tl.engine.ablation import ABLATION_MODES, ablate, calibrate_means
+from locos_tl.engine.decode import greedy_decode, prefill
+from locos_tl.engine.interventions import engine, hooks_reproducible, intervene
+from locos_tl.engine.twin import sdpa_twin
+from locos_tl.experiments.patching import cri_trial
+from locos_tl.models.tiny import SHORT_WINDOWS
 
 HEADS = [(0, 1), (1, 0), (1, 3)]  # two heads in layer 1 (both kv groups), one in layer 0
 PROMPT = torch.randint(1, 380, (1, 40), generator=torch.Generator().manual_seed(5))

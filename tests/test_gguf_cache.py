@@ -35,7 +35,7 @@ def cache(tmp_path, monkeypatch):
 @pytest.fixture
 def entry(tiny_gguf, cache, monkeypatch):
     """The tiny GGUF file registered as the zoo model ``tiny-test``, prepared."""
-    from locos_tl import zoo
+    from locos_tl.models import zoo
 
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     e = zoo.RealModel(name="tiny-test", architecture="LlamaForCausalLM", n_layers=2,
@@ -66,7 +66,7 @@ def _cut(path: Path, size: int) -> None:
 
 
 def test_a_cut_weights_file_is_damaged_refused_and_repaired(entry):
-    from locos_tl import zoo
+    from locos_tl.models import zoo
 
     weights = entry.directory / "model.safetensors"
     full = weights.stat().st_size
@@ -107,7 +107,7 @@ def test_entries_without_a_size_record_are_checked_against_their_header(entry):
 
 
 def test_a_damaged_gguf_entry_names_the_repair_command(tiny_gguf, cache):
-    from locos_tl.gguf_cache import prepare_gguf
+    from locos_tl.models.gguf_cache import prepare_gguf
 
     d = prepare_gguf(tiny_gguf)
     _cut(d / "model.safetensors", 100)
@@ -145,7 +145,7 @@ def _dead_pid() -> int:
 def test_temporaries_of_killed_preparations_are_removed(tiny_gguf, cache):
     """A preparation killed mid-write leaves ``<sha>.tmp-<pid>``; the next one removes
     it (and any other whose process is gone), and it is never taken for an entry."""
-    from locos_tl.gguf_cache import cached_dir, is_prepared, prepare_gguf
+    from locos_tl.models.gguf_cache import cached_dir, is_prepared, prepare_gguf
 
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     root = cache / "gguf"
@@ -166,7 +166,7 @@ def test_killed_preparation_then_next_one(tiny_gguf, cache):
     """A real SIGKILL in the middle of writing the weights."""
     code = (
         "import os, signal, sys\n"
-        "import locos_tl.gguf_cache as gc\n"
+        "import locos_tl.models.gguf_cache as gc\n"
         "real = gc._manifest\n"
         "def die(d):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
@@ -178,7 +178,7 @@ def test_killed_preparation_then_next_one(tiny_gguf, cache):
     assert rc == -9
     left = list((cache / "gguf").glob("*.tmp-*"))
     assert len(left) == 1 and (left[0] / "model.safetensors").is_file()
-    from locos_tl.gguf_cache import entry_problems, prepare_gguf
+    from locos_tl.models.gguf_cache import entry_problems, prepare_gguf
 
     d = prepare_gguf(tiny_gguf)
     assert not list((cache / "gguf").glob("*.tmp-*")) and entry_problems(d) == []
@@ -187,7 +187,7 @@ def test_killed_preparation_then_next_one(tiny_gguf, cache):
 def test_concurrent_preparations_end_on_one_healthy_entry(tiny_gguf, cache):
     """Two processes prepare the same file at once; both load the same healthy entry."""
     code = (
-        "import sys, locos_tl.gguf_cache as gc\n"
+        "import sys, locos_tl.models.gguf_cache as gc\n"
         f"d = gc.prepare_gguf({str(tiny_gguf)!r})\n"
         "import locos_tl\n"
         "m = locos_tl.load_model(d, device='cpu')\n"
@@ -199,7 +199,7 @@ def test_concurrent_preparations_end_on_one_healthy_entry(tiny_gguf, cache):
                               text=True) for _ in range(2)]
     outs = [p.communicate(timeout=600)[0].strip() for p in procs]
     assert [p.returncode for p in procs] == [0, 0]
-    from locos_tl.gguf_cache import entry_problems
+    from locos_tl.models.gguf_cache import entry_problems
 
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     d = cache / "gguf" / sha

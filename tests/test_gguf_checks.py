@@ -45,7 +45,7 @@ def files(tmp_path_factory):
     """``name -> (original HF directory, GGUF file)`` for every case of :data:`FILES`."""
     from gguf_convert import write_gguf
 
-    from locos_tl.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
+    from locos_tl.models.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("gguf-files")
     tok = byte_bpe_tokenizer()
@@ -73,7 +73,7 @@ def test_file_loads_as_the_original_checkpoint(files, cache, name):
     from tolerances import assert_close_within, model_tol
     from transformers import AutoModelForCausalLM
 
-    from locos_tl.phi import phi_tensor
+    from locos_tl.engine.phi import phi_tensor
 
     hf_dir, gguf_file = files[name]
     original = load_model(hf_dir, device="cpu")
@@ -99,7 +99,7 @@ def test_file_loads_as_the_original_checkpoint(files, cache, name):
 
 
 def test_restorations_are_recorded_by_field(files, cache):
-    from locos_tl.gguf_cache import prepare_gguf
+    from locos_tl.models.gguf_cache import prepare_gguf
 
     fields = {}
     for name in FILES:
@@ -145,7 +145,7 @@ def test_a_file_that_cannot_be_restored_is_refused_before_preparing(files, cache
 
 
 def _header(arch, fields, tensors=("token_embd.weight",), rope_freqs=None):
-    from locos_tl.gguf_checks import Header
+    from locos_tl.models.gguf_checks import Header
 
     return Header(architecture=arch, fields={f"{arch}.{k}": v for k, v in fields.items()},
                   tensors=set(tensors), rope_freqs=rope_freqs)
@@ -155,7 +155,7 @@ def test_reconcile_gemma_27b_window_pattern_and_softcapping():
     """Header-only checks: llama.cpp scales Gemma-3 27B queries by d_model / n_heads;
     a stored layer pattern and soft-capping values win over transformers' defaults; a
     file with an output tensor is untied."""
-    from locos_tl.gguf_checks import reconcile
+    from locos_tl.models.gguf_checks import reconcile
 
     cfg = {"num_attention_heads": 32, "num_key_value_heads": 16, "hidden_size": 5376,
            "head_dim": 128, "num_hidden_layers": 62, "query_pre_attn_scalar": 256,
@@ -185,7 +185,7 @@ def test_reconcile_gemma_27b_window_pattern_and_softcapping():
 
 
 def test_reconcile_refuses_what_it_cannot_express():
-    from locos_tl.gguf_checks import reconcile
+    from locos_tl.models.gguf_checks import reconcile
 
     cfg = {"num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 64,
            "head_dim": 16, "rope_parameters": {"rope_type": "default", "rope_theta": 1e4},
@@ -206,8 +206,8 @@ def test_smollm2_file_needs_no_restoration():
     its prepared checkpoint is what it was (the real-model tests check it is exact)."""
     import os
 
-    from locos_tl import zoo
-    from locos_tl.gguf_cache import check_file
+    from locos_tl.models import zoo
+    from locos_tl.models.gguf_cache import check_file
 
     try:
         path = zoo._smollm2_file()

@@ -204,7 +204,7 @@ def test_random_heads_exclude_and_top_k(organism) -> None:
 
 
 def _no_generation(monkeypatch) -> None:
-    monkeypatch.setattr(sys.modules["locos_tl.evaluate"], "greedy_decode",
+    monkeypatch.setattr(sys.modules["locos_tl.experiments.evaluate"], "greedy_decode",
                         lambda *a, **k: pytest.fail("generation started"))
 
 
@@ -231,7 +231,7 @@ def test_evaluate_refuses_before_generation(organism, org_trials, monkeypatch, t
 
 def test_evaluate_head_forms_default_k_and_skipped_k(organism, org_trials, tmp_path) -> None:
     from locos_tl import evaluate
-    from locos_tl.evaluate import build_jobs
+    from locos_tl.experiments.evaluate import build_jobs
 
     # string forms give the same cells as tuples
     a = build_jobs({"m": ["L1H2", "0-5", (1, 0)]}, [1, 2, 3], n_layers=2, n_heads=8)
@@ -254,7 +254,7 @@ def test_evaluate_head_forms_default_k_and_skipped_k(organism, org_trials, tmp_p
 
 def test_score_trials_methods_as_one_string(organism, org_trials) -> None:
     from locos_tl import score_trials
-    from locos_tl.decode import greedy_decode
+    from locos_tl.engine.decode import greedy_decode
 
     # the gold answer is a word of the model's own response, so the trial is accepted
     t = org_trials[0]

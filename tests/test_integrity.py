@@ -13,18 +13,18 @@ import torch
 from typer.testing import CliRunner
 
 from locos_tl import Trial, save_trials
-from locos_tl.ablation import calibrate_means
 from locos_tl.cli import app
-from locos_tl.decode import greedy_decode
 from locos_tl.detectors import get_detector
+from locos_tl.engine.ablation import calibrate_means
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.phi import phi_tensor
+from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
+from locos_tl.experiments.patching import patch_heads
+from locos_tl.experiments.score import run_trial, score_trials
 from locos_tl.heads import HeadScores
-from locos_tl.patching import patch_heads
-from locos_tl.phi import phi_tensor
-from locos_tl.rundir import load_head_scores
-from locos_tl.score import run_trial, score_trials
+from locos_tl.runs.rundir import load_head_scores
 from locos_tl.trials import trial_set_hash
-from locos_tl.unembed import AnswerDirections
 
 runner = CliRunner()
 
@@ -241,7 +241,7 @@ def test_nan_phi_drops_trial(qwen3, own_answer_trials):
 
 
 def test_phi_tensor_raises_on_non_finite(qwen3, own_answer_trials, monkeypatch):
-    import locos_tl.phi as phi_mod
+    import locos_tl.engine.phi as phi_mod
 
     tokens = own_answer_trials[0].tokens
     assert torch.isfinite(phi_tensor(qwen3, tokens, 7)).all()

@@ -14,10 +14,10 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl.ablation import ABLATION_MODES, ablate, calibrate_means, shared_q_norm
-from locos_tl.decode import greedy_decode
-from locos_tl.patching import _last_logits, head_patch_hook
-from locos_tl.tiny import ARCHS
+from locos_tl.engine.ablation import ABLATION_MODES, ablate, calibrate_means, shared_q_norm
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.experiments.patching import _last_logits, head_patch_hook
+from locos_tl.models.tiny import ARCHS
 
 TOKENS = torch.tensor([[5 + (7 * i) % 300 for i in range(24)]])
 HEADS = [(1, 0), (0, 3)]  # (1, 0): the input; (0, 3): the second kv group

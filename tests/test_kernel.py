@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from locos_tl.kernel import head_value_directions, phi_layer, spatial_contrast, value_logits
+from locos_tl.engine.kernel import head_value_directions, phi_layer, spatial_contrast, value_logits
 
 
 def test_orthogonal_ov_gives_zero():

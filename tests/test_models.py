@@ -73,7 +73,7 @@ def test_gguf_loads_like_transformers_and_is_cached_by_sha256(tiny_gguf, cache):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from locos_tl.data.hub import load_tokenizer
-    from locos_tl.provenance import provenance
+    from locos_tl.runs.provenance import provenance
 
     bridge = load_model(tiny_gguf, device="cpu")
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
@@ -118,7 +118,7 @@ def test_gguf_loads_like_transformers_and_is_cached_by_sha256(tiny_gguf, cache):
 def test_second_load_reads_the_cache(tiny_gguf, cache, tmp_path, monkeypatch):
     import shutil
 
-    import locos_tl.gguf_cache as gc
+    import locos_tl.models.gguf_cache as gc
 
     first = gc.prepare_gguf(tiny_gguf)
 
@@ -158,7 +158,7 @@ def test_gguf_errors(tmp_path, cache, monkeypatch):
 def test_registry_name_not_fetched_says_how(cache, monkeypatch):
     import dataclasses
 
-    from locos_tl import zoo
+    from locos_tl.models import zoo
 
     entry = dataclasses.replace(zoo.REAL_MODELS["smollm2-135m-instruct"],
                                 packages=("no-such-package-locos==0.1",))
@@ -172,7 +172,7 @@ def test_registry_name_not_fetched_says_how(cache, monkeypatch):
 
 def _tiny_entry(name: str, sha: str):
     """A registry entry for the tiny GGUF checkpoint (its package does not exist)."""
-    from locos_tl import zoo
+    from locos_tl.models import zoo
 
     return zoo.RealModel(name=name, architecture="LlamaForCausalLM", n_layers=2, n_heads=4,
                          n_kv_heads=2, params="0.1M", file_mb=0, quantization="Q8_0",
@@ -185,8 +185,8 @@ def test_fetch_installs_prepares_and_loads_by_name(tiny_gguf, cache, monkeypatch
     import dataclasses
     import hashlib
 
-    from locos_tl import zoo
-    from locos_tl.provenance import provenance
+    from locos_tl.models import zoo
+    from locos_tl.runs.provenance import provenance
 
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     entry = _tiny_entry("tiny-test", sha)
@@ -220,9 +220,9 @@ def test_provenance_says_when_an_assembled_source_file_was_removed(tiny_gguf, ca
     import hashlib
     import shutil
 
-    from locos_tl import zoo
-    from locos_tl.gguf_cache import cache_root
-    from locos_tl.provenance import provenance
+    from locos_tl.models import zoo
+    from locos_tl.models.gguf_cache import cache_root
+    from locos_tl.runs.provenance import provenance
 
     sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
     copy = cache_root() / "gguf-files" / "assembled.gguf"
@@ -241,8 +241,8 @@ def test_provenance_says_when_an_assembled_source_file_was_removed(tiny_gguf, ca
 def test_models_list_and_fetch_cli(cache, monkeypatch):
     from typer.testing import CliRunner
 
-    from locos_tl import zoo
     from locos_tl.cli import app
+    from locos_tl.models import zoo
 
     entry = zoo.REAL_MODELS["smollm2-135m-instruct"]
     from safetensors.torch import save_file

@@ -28,12 +28,12 @@ ABLATE = ["--heads", "w=L1H0", "--k", "1", "--no-random", "--bottom", "none",
 @pytest.fixture
 def no_model_load(monkeypatch):
     """Any model load fails the test: the command must refuse before loading."""
-    import locos_tl.models
+    import locos_tl.models.load
 
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the options were checked")
 
-    monkeypatch.setattr(locos_tl.models, "load_model", load_model)
+    monkeypatch.setattr(locos_tl.models.load, "load_model", load_model)
 
 
 def _ablate(trials: Path, out: Path, *extra: str):
@@ -61,12 +61,12 @@ def test_ablate_refuses_other_trials_before_touching_the_run_and_reuses_its_mean
     assert "another trial set" in res.output and "resuming" not in res.output
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in out.iterdir()} == before
 
-    import locos_tl.ablation
+    import locos_tl.engine.ablation
 
     def no_calibration(*args, **kwargs):
         raise AssertionError("a resumed run recalibrated instead of reusing its means")
 
-    monkeypatch.setattr(locos_tl.ablation, "calibrate_means", no_calibration)
+    monkeypatch.setattr(locos_tl.engine.ablation, "calibrate_means", no_calibration)
     res = _ablate(a, out)  # a legitimate resume reuses means.safetensors
     assert res.exit_code == 0, res.output
     assert "reusing" in res.output and "skipping 6 finished generations" in res.output
@@ -180,7 +180,7 @@ def test_score_trials_refuses_method_and_methods_together():
 def test_heads_with_an_unknown_method_lists_the_methods(tmp_path):
     from locos_tl.detectors import DETECTORS
     from locos_tl.errors import LocosError
-    from locos_tl.rundir import _choose
+    from locos_tl.runs.rundir import _choose
 
     with pytest.raises(LocosError) as exc:
         _choose(tmp_path / "s1", ["locos", "wu"], "nosuch")
@@ -256,7 +256,7 @@ def test_one_default_organism_everywhere():
                      if (p / "config.json").exists())
     assert shipped == sorted(ORGANISMS)
     assert all(Path(ORGANISMS[n]).name == n for n in shipped)
-    readme = (repo / "README.md").read_text()
+    readme = (repo / "docs" / "organisms.md").read_text()
     assert f"{['', 'One', 'Two', 'Three', 'Four'][len(shipped)]} checkpoints ship" in readme
     assert all(f"`{n}`" in readme for n in shipped)
     assert "`retrieval-long`, the default" in readme

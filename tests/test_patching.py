@@ -9,11 +9,11 @@ import torch
 from planted import NAMES, PLANTED, build_planted, name_token, planted_trials
 from tolerances import assert_close_within, model_tol
 
-from locos_tl.compare import compare_rankings, layer_buckets
 from locos_tl.errors import TrialError
-from locos_tl.models import load_model
-from locos_tl.patching import corrupt_tokens, cri_trial, patch_heads
-from locos_tl.score import score_trials
+from locos_tl.experiments.compare import compare_rankings, layer_buckets
+from locos_tl.experiments.patching import corrupt_tokens, cri_trial, patch_heads
+from locos_tl.experiments.score import score_trials
+from locos_tl.models.load import load_model
 
 METHODS = ["locos", "wu", "headkv", "attention_spatial", "dla"]
 
@@ -39,8 +39,8 @@ def test_patch_heads_extend_grows_a_run(planted, tmp_path, monkeypatch) -> None:
     with pytest.raises(LocosError, match="cannot be extended"):
         patch_heads(model, trials[1:], out_dir=run, extend=True, **kw)
     done = []
-    real = sys.modules["locos_tl.patching"].cri_trial
-    monkeypatch.setattr(sys.modules["locos_tl.patching"], "cri_trial",
+    real = sys.modules["locos_tl.experiments.patching"].cri_trial
+    monkeypatch.setattr(sys.modules["locos_tl.experiments.patching"], "cri_trial",
                         lambda m, t, **k: done.append(t.trial_id) or real(m, t, **k))
     grown = patch_heads(model, trials, out_dir=run, extend=True, **kw)
     assert done == [trials[1].trial_id]  # the finished trial is kept, not redone

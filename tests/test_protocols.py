@@ -19,11 +19,11 @@ from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial, phi_tensor, score_trials
 from locos_tl.acceptance import acceptance_counts, method_accepted
-from locos_tl.answers import answer_steps, rouge1_recall
-from locos_tl.decode import greedy_decode
 from locos_tl.detectors import DETECTORS, HeadKV, HeadKVAnchor, TrialOutcome, get_detector
-from locos_tl.records import RecordStore
-from locos_tl.score import finished_record
+from locos_tl.engine.answers import answer_steps, rouge1_recall
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.experiments.score import finished_record
+from locos_tl.runs.records import RecordStore
 
 SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 
@@ -289,7 +289,7 @@ def test_headkv_anchor_rows_on_sliding_window_layers(tiny_dirs, tmp_path):
     """Prefill rows of the last prompt positions are aligned to absolute keys on a
     Gemma-3 whose sliding window (6) is shorter than the prompt."""
     from locos_tl import load_model
-    from locos_tl.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
+    from locos_tl.models.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
 
     path = make_tiny_checkpoint("gemma3", tmp_path / "g", seed=3,
                                 tokenizer=byte_bpe_tokenizer(), sliding_window=6)
@@ -346,7 +346,7 @@ def test_gate_passes_without_answer_step(qwen3, scored_niah, tmp_path):
     assert {m: acc[m]["n_accepted"] for m in methods} == {
         "locos": 1, "wu": 2, "headkv_anchor": 2, "attention_spatial": 1}
     # the run directory's loader applies the same per-method rule
-    from locos_tl.rundir import load_head_scores
+    from locos_tl.runs.rundir import load_head_scores
 
     assert load_head_scores(out, "wu").meta["n_accepted"] == 2
     assert load_head_scores(out, "locos").n_trials == 1

@@ -66,7 +66,7 @@ MODELS = [pytest.param("smollm2-135m-instruct", id="smollm2"),
 def require_fetched(name: str) -> None:
     """Skip (or, with ``LOCOS_REQUIRE_REAL_MODELS=1``, fail) when ``name`` is not
     prepared, or the book text of ``../shared/data`` is missing."""
-    from locos_tl.zoo import get_real_model
+    from locos_tl.models.zoo import get_real_model
 
     problems = []
     if not get_real_model(name).prepared:
@@ -107,7 +107,7 @@ class Real:
         from transformers import AutoModelForCausalLM
 
         from locos_tl import load_model
-        from locos_tl.zoo import get_real_model
+        from locos_tl.models.zoo import get_real_model
 
         self.name, self.tmp, self.setup = name, tmp, SETUPS[name]
         self.bridge = load_model(name, device="cpu", dtype="float32")
@@ -145,8 +145,8 @@ class Real:
     def greedy(self) -> Any:
         """Greedy decoding of the main prompt; step 0's exact phi is kept (the answer
         token is the argmax, so it is ``phi_tensor(..., generated[0], "exact")``)."""
-        from locos_tl.decode import greedy_decode
-        from locos_tl.unembed import AnswerDirections
+        from locos_tl.engine.decode import greedy_decode
+        from locos_tl.engine.unembed import AnswerDirections
 
         steps: list[Any] = []
         res = greedy_decode(self.bridge, self.main.tokens, max_new_tokens=NEW,
@@ -340,10 +340,10 @@ def test_batched_scoring_equals_batch_size_1(real, record_property):
     """Two trials of 720 and 760 tokens (left padding) decoded together give the records
     each gets alone: same tokens, response, gate, answer steps; every detector's scores
     and step values within the tolerance."""
-    from locos_tl.batch import batch_fallback_reason, run_trials_batched
     from locos_tl.detectors import DETECTORS, get_detector
-    from locos_tl.runner import run_trial
-    from locos_tl.unembed import AnswerDirections
+    from locos_tl.engine.unembed import AnswerDirections
+    from locos_tl.runs.batch import batch_fallback_reason, run_trials_batched
+    from locos_tl.runs.runner import run_trial
 
     # the gold answer is a word of the model's own greedy response on the main trial (a
     # name needs more than the 4 steps decoded here: "The character who lives next to ...
@@ -389,8 +389,8 @@ def same_record(a: dict, b: dict, tol: float) -> float:
 
 
 def test_ablated_decoding_on_twin_equals_bridge(real, record_property):
-    from locos_tl.ablation import ablate, calibrate_means
-    from locos_tl.decode import greedy_decode
+    from locos_tl.engine.ablation import ablate, calibrate_means
+    from locos_tl.engine.decode import greedy_decode
 
     model, tokens = real.bridge, real.main.tokens
     L, H = model.cfg.n_layers, model.cfg.n_heads

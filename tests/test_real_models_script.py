@@ -72,7 +72,7 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     controls) gets no head set, no random and no bottom-k, so its one cell is the
     baseline; the report's grid is then that cell alone. An unknown method is refused."""
     import locos_tl as lt
-    from locos_tl.evaluate import build_jobs
+    from locos_tl.experiments.evaluate import build_jobs
 
     calls = []
     monkeypatch.setattr(lt, "evaluate",
@@ -101,7 +101,7 @@ def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monk
     fractions no longer selected, and runs over other rankings, move aside."""
     from types import SimpleNamespace
 
-    import locos_tl.compress as compress_mod
+    import locos_tl.experiments.compress as compress_mod
 
     @dataclasses.dataclass
     class Trial:
@@ -171,8 +171,8 @@ def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path
     trial."""
     from planted import PLANTED, build_planted, planted_trials
 
-    from locos_tl.evaluate import build_jobs, evaluate
-    from locos_tl.models import load_model
+    from locos_tl.experiments.evaluate import build_jobs, evaluate
+    from locos_tl.models.load import load_model
 
     model = load_model(build_planted(tmp_path / "m"), device="cpu")
     trials = planted_trials(model.tokenizer, 3)

@@ -6,9 +6,9 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-import locos_tl.score as score_mod
+import locos_tl.experiments.score as score_mod
 from locos_tl import LocosError, Trial, TrialError, phi_tensor, score_trials
-from locos_tl.decode import greedy_decode
+from locos_tl.engine.decode import greedy_decode
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def test_locos_equals_independent_recomputation(qwen3, trials):
     per_trial, scale, n_max = [], 0.0, 0
     for t in trials[:3]:
         res = greedy_decode(qwen3, t.tokens, max_new_tokens=8)
-        from locos_tl.answers import answer_steps
+        from locos_tl.engine.answers import answer_steps
 
         steps = answer_steps(qwen3.tokenizer, res.generated, t.answer)
         contrasts = []

@@ -16,9 +16,9 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial, phi_tensor
-from locos_tl.answers import answer_steps
-from locos_tl.decode import DecodeStep, greedy_decode
-from locos_tl.unembed import AnswerDirections
+from locos_tl.engine.answers import answer_steps
+from locos_tl.engine.decode import DecodeStep, greedy_decode
+from locos_tl.engine.unembed import AnswerDirections
 
 WINDOW = 8
 N_PROMPT = 40
@@ -35,7 +35,7 @@ def sliding(tmp_path_factory):
     from transformers import AutoModelForCausalLM
 
     from locos_tl import load_model
-    from locos_tl.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
+    from locos_tl.models.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("sliding")
     tok = byte_bpe_tokenizer()
@@ -365,7 +365,7 @@ def test_cri_equals_uncached_hf_patching(sliding, arch):
     chunks) equals activation patching on HF eager without any cache: the clean run's
     ``o_proj`` input slice of the head, patched at every position into the corrupted
     run; metric gold minus counterfactual logit at the last prompt position."""
-    from locos_tl.patching import corrupt_tokens, cri_trial
+    from locos_tl.experiments.patching import corrupt_tokens, cri_trial
 
     model, hf = sliding[arch]
     tokens = _prompt(int(model.cfg.d_vocab), seed=13)

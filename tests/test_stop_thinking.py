@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import pytest
 
-from locos_tl.answers import answer_steps, response_start, think_token_ids
-from locos_tl.decode import DecodeStep, check_stop_rule, greedy_decode, is_newline_stop
+from locos_tl.engine.answers import answer_steps, response_start, think_token_ids
+from locos_tl.engine.decode import DecodeStep, check_stop_rule, greedy_decode, is_newline_stop
 
 
 @pytest.fixture(scope="module")
 def think_model(tmp_path_factory):
     from locos_tl import load_model
-    from locos_tl.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
+    from locos_tl.models.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
 
     tok = byte_bpe_tokenizer()
     tok.add_tokens([".\n", "\n\n", "<think>", "</think>"])

@@ -51,7 +51,7 @@ def _tokenizer(kind: str):
     from tokenizers import Tokenizer, processors
     from transformers import PreTrainedTokenizerFast
 
-    from locos_tl.tiny import byte_bpe_tokenizer
+    from locos_tl.models.tiny import byte_bpe_tokenizer
 
     base = byte_bpe_tokenizer()
     if kind == "nobos":
@@ -75,7 +75,7 @@ def ckpts(tmp_path_factory):
     from transformers import AutoTokenizer
 
     from locos_tl import load_model
-    from locos_tl.tiny import make_tiny_checkpoint
+    from locos_tl.models.tiny import make_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("bos")
     out = {}
@@ -265,7 +265,7 @@ def test_calibration_follows_the_release_and_the_rule_on_request(ckpts):
 def test_corrupted_prompt_keeps_bos_at_zero_only(ckpts):
     from locos_tl import Trial
     from locos_tl.errors import TrialError
-    from locos_tl.patching import corrupt_tokens
+    from locos_tl.experiments.patching import corrupt_tokens
 
     _, model, own = ckpts["bos"]
     bos = own.bos_token_id

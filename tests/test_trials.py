@@ -5,7 +5,7 @@ import json
 import pytest
 
 from locos_tl import Trial, TrialError, load_trials, save_trials
-from locos_tl.tiny import byte_bpe_tokenizer
+from locos_tl.models.tiny import byte_bpe_tokenizer
 
 PROMPT = ("The quick brown fox jumps over the lazy dog. Actually, Yuki lives next to the "
           "Semper Opera House. The old man reads a book. Which character has been to Dresden?")

@@ -15,8 +15,8 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl.tiny import SHORT_WINDOWS
-from locos_tl.twin import build_twin, twin_info
+from locos_tl.engine.twin import build_twin, twin_info
+from locos_tl.models.tiny import SHORT_WINDOWS
 
 
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))

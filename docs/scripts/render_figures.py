@@ -100,7 +100,7 @@ def compression_figure() -> Any:
     """Notebook 04's per-query-head compression curves on `retrieval-long` (1024 tokens)."""
     import locos_tl
     from locos_tl import plot
-    from locos_tl.compress import compression_sweep
+    from locos_tl.experiments.compress import compression_sweep
     from locos_tl.organisms import LONG_ORGANISM, default_book_dir, make_trials
 
     model = locos_tl.load_model(LONG_ORGANISM, device="cpu")  # its own organism

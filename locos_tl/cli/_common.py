@@ -61,13 +61,13 @@ def check_methods(text: str, option: str = "--method") -> list[str]:
 
 
 def check_dtype(dtype: str) -> str:
-    """``dtype`` if :func:`locos_tl.models.load_model` accepts it.
+    """``dtype`` if :func:`locos_tl.models.load.load_model` accepts it.
 
     Raises:
         typer.BadParameter: an unknown dtype name.
     """
     from locos_tl.errors import ModelLoadError
-    from locos_tl.models import resolve_dtype
+    from locos_tl.models.load import resolve_dtype
 
     try:
         resolve_dtype(dtype)
@@ -110,7 +110,7 @@ def check_out_file(out: Path, option: str = "--out") -> Path:
 def checkpoint_dir(model: str) -> Path | None:
     """The local Hugging Face directory behind ``--model`` without loading it: the
     directory itself, or a registry model's / ``.gguf`` file's prepared directory
-    (:func:`locos_tl.zoo.resolve_checkpoint`); None for a hub name.
+    (:func:`locos_tl.models.zoo.resolve_checkpoint`); None for a hub name.
 
     Raises:
         ModelLoadError: a registry model that is not fetched, a missing ``.gguf`` file.
@@ -119,7 +119,7 @@ def checkpoint_dir(model: str) -> Path | None:
     if path.is_dir():
         return path
     try:
-        from locos_tl.zoo import resolve_checkpoint
+        from locos_tl.models.zoo import resolve_checkpoint
     except ImportError:  # pragma: no cover - the registry is optional
         return None
     found = resolve_checkpoint(model)
@@ -187,7 +187,7 @@ def check_length(model: str, lengths: Sequence[int], max_new_tokens: int,
 
 def model_key(model: str) -> str | None:
     """The name a run directory records for ``--model`` (``settings.model``, from
-    :func:`locos_tl.models.model_name`) when it is known before loading: the resolved
+    :func:`locos_tl.models.load.model_name`) when it is known before loading: the resolved
     path of a local directory; None otherwise (then only the load can tell)."""
     path = Path(model).expanduser()
     return str(path.resolve()) if path.is_dir() else None
@@ -304,7 +304,7 @@ def check_run_dir(out: Path, trials: Sequence[Any], settings: dict[str, Any],
                   ) -> dict[str, Any] | None:
     """Refuse, before anything is loaded or written, a run directory ``out`` that holds
     a run over other trials or with other ``settings`` (the rule of
-    :class:`locos_tl.records.RecordStore`, reading only). A setting given as None is
+    :class:`locos_tl.runs.records.RecordStore`, reading only). A setting given as None is
     not known yet and not compared (the loaded run checks it again). With
     ``extend_field`` (the record field naming a trial), a run over a subset of
     ``trials`` is accepted: it grows (``RecordStore(extend_to=...)``).
@@ -318,7 +318,7 @@ def check_run_dir(out: Path, trials: Sequence[Any], settings: dict[str, Any],
     import json
 
     from locos_tl.errors import LocosError
-    from locos_tl.records import META_FILE, RECORDS_FILE, RecordStore
+    from locos_tl.runs.records import META_FILE, RECORDS_FILE, RecordStore
     from locos_tl.trials import trial_set_hash
 
     if not ((out / META_FILE).exists() and (out / RECORDS_FILE).exists()):

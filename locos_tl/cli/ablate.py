@@ -87,7 +87,7 @@ def load_head_sets(dirs: list[str]) -> dict[str, Any]:
         FileNotFoundError: a directory without head scores.
     """
     from locos_tl.head_spec import HeadSpecError, parse_head_list
-    from locos_tl.rundir import load_head_scores
+    from locos_tl.runs.rundir import load_head_scores
 
     out: dict[str, Any] = {}
     for spec in dirs:
@@ -116,7 +116,7 @@ def checkpoint_dims(model: str) -> tuple[int, int] | None:
     ``text_config``) without loading the model; None for a hub name or no such keys."""
     path = Path(model) / "config.json"
     if not path.is_file():
-        from locos_tl.zoo import REAL_MODELS  # a known real model: its registry geometry
+        from locos_tl.models.zoo import REAL_MODELS  # a known real model: its registry geometry
 
         entry = REAL_MODELS.get(model)
         return (entry.n_layers, entry.n_heads) if entry is not None else None
@@ -185,7 +185,7 @@ def load_means(path: Path, model: str) -> Any:
         LocosError: not a means file (names the option and the file), or means of
             another shape than the model's.
     """
-    from locos_tl.ablation import AblationMeans
+    from locos_tl.engine.ablation import AblationMeans
 
     try:
         table = AblationMeans.load(path)
@@ -209,7 +209,7 @@ def check_means_hash(out: Path, old: dict[str, Any] | None, table: Any) -> None:
     Raises:
         LocosError: naming both hashes and the way out.
     """
-    from locos_tl.evaluate import means_hash
+    from locos_tl.experiments.evaluate import means_hash
 
     if table is not None and old is not None \
             and old.get("means_hash") not in (None, means_hash(table)):
@@ -232,8 +232,8 @@ def calibrate(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
 ) -> None:
     """Mean query (hook_q) and output (hook_z) of every head, for mean ablation."""
-    from locos_tl.ablation import calibrate_means
-    from locos_tl.models import load_model
+    from locos_tl.engine.ablation import calibrate_means
+    from locos_tl.models.load import load_model
 
     check_dtype(dtype)
     check_out_file(out)
@@ -309,12 +309,12 @@ def ablate(
     """Ablate each ranking's top-k heads and score the answers (docs/concepts.md)."""
     import pandas as pd
 
-    from locos_tl.ablation import ABLATION_MODES, AblationMeans, calibrate_means
-    from locos_tl.evaluate import evaluate, means_hash, summarize
-    from locos_tl.models import load_model, model_name
+    from locos_tl.engine.ablation import ABLATION_MODES, AblationMeans, calibrate_means
+    from locos_tl.engine.stops import STOP_RULES
+    from locos_tl.experiments.evaluate import evaluate, means_hash, summarize
+    from locos_tl.experiments.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
+    from locos_tl.models.load import load_model, model_name
     from locos_tl.plot import ablation_curves
-    from locos_tl.stops import STOP_RULES
-    from locos_tl.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
 
     # every option and input file is checked before the model loads
     check_choice(mode, ABLATION_MODES, "--mode")
@@ -328,7 +328,7 @@ def ablate(
     seed_values = parse_ints(seeds, "--seeds")
     try:
         if workers > 1 or ray_address is not None:
-            from locos_tl.distributed import require_ray
+            from locos_tl.runs.distributed import require_ray
 
             require_ray()  # fail before loading anything
         head_sets = load_head_sets(heads)
@@ -451,7 +451,7 @@ def write_dissociation(out: Path, df: Any, df_control: Any, *, control: Path,
     """Write ``dissociation.csv`` and a ``dissociation`` block into ``out/meta.json``.
 
     ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (arXiv 2607.01002, Sec. 4; see
-    :func:`locos_tl.evaluate.dissociation_score`); the control's own run (generations,
+    :func:`locos_tl.experiments.evaluate.dissociation_score`); the control's own run (generations,
     ``evaluation.csv``, ``meta.json``) is ``out/control/``.
 
     Returns:
@@ -460,7 +460,7 @@ def write_dissociation(out: Path, df: Any, df_control: Any, *, control: Path,
     Raises:
         ValueError: a metric missing from the retrieval or control rows.
     """
-    from locos_tl.evaluate import dissociation_score
+    from locos_tl.experiments.evaluate import dissociation_score
 
     ds = dissociation_score(df, df_control, retrieval_metric=retrieval_metric,
                             control_metric=control_metric)
@@ -501,12 +501,12 @@ def patch(
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
 ) -> None:
     """Causal retrieval importance (CRI) of every head by activation patching."""
-    from locos_tl.compare import compare_rankings
-    from locos_tl.models import load_model, model_name
-    from locos_tl.patching import CORRUPTIONS, RESUME_KEYS, AnswerPosition, patch_heads
+    from locos_tl.experiments.compare import compare_rankings
+    from locos_tl.experiments.patching import CORRUPTIONS, RESUME_KEYS, AnswerPosition, patch_heads
+    from locos_tl.experiments.score import score_trials
+    from locos_tl.models.load import load_model, model_name
     from locos_tl.plot import rank_scatter
-    from locos_tl.rundir import load_head_scores
-    from locos_tl.score import score_trials
+    from locos_tl.runs.rundir import load_head_scores
 
     # every option and input file is checked before the model loads
     check_choice(corruption, CORRUPTIONS, "--corruption")

@@ -5,7 +5,7 @@ holds: LOCOS, Wu, HeadKV, ...) and each retained fraction of the KV cache, the t
 context is prefilled, its cache compressed per unit (full cache for the top-ranked
 units, attention sinks plus a recent window for the others), the question run through
 the compressed cache, and the answer decoded greedily
-(:func:`locos_tl.compress.compression_sweep`; protocol in ``docs/compression.md``).
+(:func:`locos_tl.experiments.compress.compression_sweep`; protocol in ``docs/compression.md``).
 
 Writes ``compression.csv`` (one row per ranking, allocation, fraction and trial,
 appended trial by trial, so an interrupted run resumes where it stopped),
@@ -46,12 +46,12 @@ CONTROLS = ("uniform", "random")
 
 def parse_fractions(text: str) -> list[float]:
     """``"0.02,0.1,1"`` -> ``[0.02, 0.1, 1.0]``, each in ``(0, 1]``, without repeats
-    (:func:`locos_tl.compress.fractions.check_fractions`, as the API checks them).
+    (:func:`locos_tl.experiments.compress.fractions.check_fractions`, as the API checks them).
 
     Raises:
         typer.BadParameter: a part is no number or lies outside ``(0, 1]``, or none given.
     """
-    from locos_tl.compress.fractions import check_fractions
+    from locos_tl.experiments.compress.fractions import check_fractions
 
     try:
         return check_fractions(p.strip() for p in text.split(",") if p.strip())
@@ -78,7 +78,7 @@ def load_rankings(specs: list[str]) -> dict[str, Any]:
     A value is ``DIR`` or ``NAME=DIR``. A ``locos score`` run directory with several
     methods gives one ranking per method (``locos``, ``wu``, ``headkv``; named
     ``NAME:method`` under ``NAME=``); any other directory
-    :func:`locos_tl.rundir.load_head_scores` reads (a method folder, a ``HeadScores.save``
+    :func:`locos_tl.runs.rundir.load_head_scores` reads (a method folder, a ``HeadScores.save``
     directory, a reference ``heads.json`` file or its directory) gives one, named by its
     method (or ``NAME``). Repeated names get the directory name appended.
 
@@ -87,7 +87,7 @@ def load_rankings(specs: list[str]) -> dict[str, Any]:
         LocosError: an unfinished run, or a ranking that ranks nothing (no accepted
             trial, or every score 0).
     """
-    from locos_tl.rundir import load_head_scores, run_methods
+    from locos_tl.runs.rundir import load_head_scores, run_methods
 
     out: dict[str, Any] = {}
     for spec in specs:
@@ -143,7 +143,7 @@ def check_query_starts(paths: list[Path], query_start: int | None) -> None:
 def with_query_start(trials: list[Any], query_start: int | None) -> list[Any]:
     """The trials without ``meta["query_start"]`` get it from ``--query-start``
     (negative: counted from each prompt's end); the others, or all when it is None, are
-    unchanged (as in :func:`locos_tl.compress.compression_sweep`)."""
+    unchanged (as in :func:`locos_tl.experiments.compress.compression_sweep`)."""
     import dataclasses
 
     if query_start is None:
@@ -285,7 +285,7 @@ def compress(
     """Sweep the retained fraction of the KV cache under each head ranking and score the
     greedy answers (docs/compression.md)."""
     from locos_tl.cli.ablate import checkpoint_dims
-    from locos_tl.compress.budgets import ALLOCATIONS, UNITS
+    from locos_tl.experiments.compress.budgets import ALLOCATIONS, UNITS
 
     # every option and input file is checked before the model loads
     check_choice(unit, UNITS, "--unit")
@@ -296,7 +296,7 @@ def compress(
     controls = parse_controls(include)
     check_dtype(dtype)
     check_out_dir(out)
-    from locos_tl.models import resolve_dtype
+    from locos_tl.models.load import resolve_dtype
 
     dtype_name = str(resolve_dtype(dtype)).replace("torch.", "")  # as the model reports it
     if query_start == 0:
@@ -330,10 +330,10 @@ def compress(
         import pandas as pd
         from tqdm.auto import tqdm
 
-        from locos_tl.compress import compression_sweep
-        from locos_tl.compress.cache import compression_twin
-        from locos_tl.models import load_model, model_dtype, model_name
-        from locos_tl.provenance import provenance
+        from locos_tl.experiments.compress import compression_sweep
+        from locos_tl.experiments.compress.cache import compression_twin
+        from locos_tl.models.load import load_model, model_dtype, model_name
+        from locos_tl.runs.provenance import provenance
         from locos_tl.trials import load_trials, trial_set_hash
 
         bridge = load_model(model, device=device, dtype=dtype)

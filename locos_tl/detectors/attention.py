@@ -10,9 +10,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from locos_tl.decode import DecodeStep
 from locos_tl.detectors.base import Detector
-from locos_tl.kernel import spatial_contrast
+from locos_tl.engine.decode import DecodeStep
+from locos_tl.engine.kernel import spatial_contrast
 
 
 def wu_copy_step(

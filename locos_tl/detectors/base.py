@@ -8,7 +8,7 @@ from typing import Any, ClassVar, Literal
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.decode import DecodeStep
+from locos_tl.engine.decode import DecodeStep
 
 SpanName = Literal["needle", "answer"]
 SPAN_NAMES: tuple[str, ...] = ("needle", "answer")
@@ -23,7 +23,7 @@ class TrialOutcome:
         response: decoded response text (stop token excluded, stripped).
         answer: the trial's gold answer.
         rouge1_recall: ROUGE-1 recall of ``response`` against ``answer``.
-        answer_steps: 0-based answer steps (``locos_tl.answers.answer_steps``).
+        answer_steps: 0-based answer steps (``locos_tl.engine.answers.answer_steps``).
         gate_threshold: a gate passes when its score exceeds this (0.5).
         tokenizer: the model's tokenizer (HeadKV decodes a prefix of the response).
         response_start: index in ``generated`` of the first step after a thinking

@@ -21,10 +21,10 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.decode import DecodeStep
 from locos_tl.detectors.attention import headkv_step
 from locos_tl.detectors.base import Detector, TrialOutcome
-from locos_tl.task_metrics import token_f1
+from locos_tl.engine.answers import token_f1
+from locos_tl.engine.decode import DecodeStep
 
 #: Last prompt positions read by the anchor variant (the LOCOS release's window).
 ANCHOR_WINDOW = 8

@@ -5,9 +5,9 @@ from __future__ import annotations
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.decode import DecodeStep
 from locos_tl.detectors.base import Detector
-from locos_tl.kernel import spatial_contrast
+from locos_tl.engine.decode import DecodeStep
+from locos_tl.engine.kernel import spatial_contrast
 
 
 class Locos(Detector):

@@ -404,7 +404,7 @@ def detector_check(
     TransformerBridge) on ``n_trials`` non-literal trials (``n_tokens`` tokens,
     default the card's primary length, seed 2024), then zero-ablates each method's top-k
     heads (their output ``z`` before ``W_O`` set to 0, as ``output_zero`` of
-    :func:`locos_tl.ablation.ablate`; run on the HF checkpoint with
+    :func:`locos_tl.engine.ablation.ablate`; run on the HF checkpoint with
     :func:`~locos_tl.organisms.analysis.ablate_heads`, which is several times faster at
     1k+ tokens) and measures greedy accuracy on ``n_eval`` fresh non-literal and literal
     trials (seed 31; default the card's ``n_detector_eval``, else 200).

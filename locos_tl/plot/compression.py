@@ -49,7 +49,7 @@ def compression_curves(
     ``docs/compression.md``.
 
     Args:
-        df: the tidy frame of :func:`locos_tl.compress.compression_sweep`, one row per
+        df: the tidy frame of :func:`locos_tl.experiments.compress.compression_sweep`, one row per
             (ranking, allocation, unit, fraction, trial); needs columns ``ranking``,
             ``task``, ``y`` (bool or 0/1) and ``x``; ``fraction`` (the requested
             budget; used to group trials when present, else ``x`` is) and

@@ -46,7 +46,7 @@ def ablation_curves(
 
     Args:
         df: tidy rows with columns ``method, k, seed, metric, value, n_trials``, as
-            :func:`locos_tl.evaluate.evaluate` returns (``value``: mean over trials).
+            :func:`locos_tl.experiments.evaluate.evaluate` returns (``value``: mean over trials).
         metrics: which metrics to draw, in order (default: all, in order of appearance).
         log_x: logarithmic k axis (the ``k = 0`` baseline is then a dashed line).
         title: figure title.
@@ -108,7 +108,7 @@ def dissociation(df: pd.DataFrame, *, title: str | None = None) -> go.Figure:
     Args:
         df: rows ``method, k, ds`` (and optionally ``seed``: then the mean over seeds is
             drawn with a one-std error bar), e.g.
-            :func:`locos_tl.evaluate.dissociation_score`.
+            :func:`locos_tl.experiments.evaluate.dissociation_score`.
         title: figure title.
 
     Returns:

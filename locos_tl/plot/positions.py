@@ -199,7 +199,7 @@ def reads_vs_writes(
     label = head_label(l, h)
     sub = ""
     if needle_span is not None:
-        from locos_tl.kernel import spatial_contrast
+        from locos_tl.engine.kernel import spatial_contrast
 
         s, e = needle_span
         share = float(att[s:e].sum() / att.sum()) if att.sum() > 0 else float("nan")

@@ -96,7 +96,7 @@ def test_accuracy_book_filler(hf, book, n_tokens):
 
 
 def test_generation_stops_after_answer(bridge):
-    from locos_tl.decode import greedy_decode
+    from locos_tl.engine.decode import greedy_decode
 
     t = make_trials("nonliteral", 1, 64)[0]
     res = greedy_decode(bridge, list(t.tokens), max_new_tokens=5)
@@ -154,7 +154,7 @@ def _bridge_accuracy(bridge, trials) -> float:
 
 
 def test_double_dissociation_locos_vs_wu(bridge, detector_scores, truth):
-    from locos_tl.ablation import ablate
+    from locos_tl.engine.ablation import ablate
 
     trials, scores = detector_scores
     K = int(truth["detector_k"])  # one k <= 3, the same for every method (= number of writers)
@@ -235,8 +235,8 @@ def test_retraining_reproduces(tmp_path, truth):
 
 def test_hf_zero_ablation_is_bridge_output_zero(hf, bridge):
     """The cards' ablations run on the HF checkpoint (`A.ablate_heads`, fast); they are
-    the library's `output_zero` through the bridge (`locos_tl.ablation.ablate`)."""
-    from locos_tl.ablation import ablate
+    the library's `output_zero` through the bridge (`locos_tl.engine.ablation.ablate`)."""
+    from locos_tl.engine.ablation import ablate
 
     ts = make_trials("nonliteral", 4, 64, seed=5)
     ids = torch.tensor([list(t.tokens) for t in ts])

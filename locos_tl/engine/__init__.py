@@ -1,0 +1,1 @@
+"""The forward engine: LOCOS kernel, phi, HF twin, decoding, interventions, stop rules."""

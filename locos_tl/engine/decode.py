@@ -1,0 +1,403 @@
+"""Greedy decoding that exposes, at every step, the attention rows and values of all heads.
+
+One pass feeds every detector: the prompt is prefilled once (fast SDPA twin of the HF
+model sharing the bridge's weight tensors, or the bridge itself in query chunks), then
+each decode step runs on one of two engines (``decode_engine``): the *eager twin* (a
+plain HF model sharing the bridge's tensors, :mod:`locos_tl.engine.twin`, called with
+``output_attentions=True``: a query of length 1 costs one ``[n_heads, N]`` row per layer;
+norm scales from light module pre-hooks), or the TransformerBridge with hooks on
+``blocks.{l}.attn.hook_pattern`` (only the query row is kept) and the norm scales -- the
+reference every fast path is tested against (``tests/test_fast_decode.py``), used
+whenever a hook is attached to the bridge or no twin exists. Values are read from the KV
+cache (they equal ``hook_v``). A step makes one host read (the token id, which decides
+stopping; a non-finite check is folded into it); rows, values and phi stay on the device.
+Rows and values are aligned to absolute key positions on every layer: a sliding-window
+layer's row covers only the last ``window`` keys, and its cache drops the oldest of them
+during the step's update, so its values are the cache before the update plus the step's
+new value (the authors' release indexes the window-sliced row with absolute positions;
+docs/concepts.md). Memory is linear in context length: no ``N x N`` tensor is kept, and
+the bridge's eager attention sees at most ``chunk_size x N`` scores at a time (SDPA
+twin: one causal call, linear memory).
+
+Decoding step ``t`` is the forward position whose logits choose ``y_t``: step 1 is the
+last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (docs/concepts.md).
+
+The stop and thinking rules live in :mod:`locos_tl.engine.stops`, the KV cache, prefill and
+step engines in :mod:`locos_tl.engine.forward`; this module re-exports their public names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from locos_tl.engine.forward import (
+    DECODE_ENGINES,
+    DecodeEngine,
+    StepEngine,
+    _cache_values,
+    _hf_model,
+    _pre_step_values,
+    _sliding_layers,
+    _step_values,
+    _TwinScales,
+    engine_paths,
+    prefill,
+    prefill_with_rows,
+    step_engine,
+)
+from locos_tl.engine.kernel import phi_layer
+from locos_tl.engine.stops import (
+    STOP_RULES,
+    DecodeResult,
+    StopRule,
+    _StopRules,
+    check_stop_rule,
+    is_newline_stop,
+)
+from locos_tl.engine.unembed import AnswerDirections
+from locos_tl.errors import LocosError, NonFiniteError, TrialError
+
+__all__ = [
+    "DECODE_ENGINES",
+    "STOP_RULES",
+    "DecodeEngine",
+    "DecodeResult",
+    "DecodeStep",
+    "StepEngine",
+    "StopRule",
+    "check_stop_rule",
+    "engine_paths",
+    "greedy_decode",
+    "is_newline_stop",
+    "prefill",
+    "prefill_with_rows",
+    "step_engine",
+]
+
+
+@dataclass
+class DecodeStep:
+    """Everything detectors need about one decoding step (batch size 1).
+
+    Attributes:
+        t: 0-based index of the generated token this step chose.
+        token: the greedy token ``y_t``.
+        key_tokens: ids of the ``N_t`` key positions (prompt + earlier generated tokens).
+        pattern: attention rows of the query, ``[n_layers, n_heads, N_t]`` (float32,
+            probability; zero-padded on the left for sliding-window layers).
+        values: per layer, ``[N_t, n_kv_heads, d_head]`` values at absolute key
+            positions (zeros before a sliding window, where the pattern is zero too).
+        scales: norm ``hook_scale`` values at the query position (``exact`` variant),
+            0-d device tensors (no host read).
+        logits: the step's output logits, ``[d_vocab]``.
+        thinking: this step's token belongs to a ``<think> ... </think>`` block (its
+            markers included); such a step is never an answer step.
+    """
+
+    t: int
+    token: int
+    key_tokens: Tensor
+    pattern: Float[Tensor, "n_layers n_heads pos"]
+    values: Sequence[Tensor]
+    scales: dict[str, Any]
+    logits: Tensor
+    thinking: bool = False
+    _W_O: list[Tensor] = field(repr=False, default_factory=list)
+    _directions: AnswerDirections | None = field(repr=False, default=None)
+    _kv: list[Tensor] | None = field(repr=False, default=None)  # [n_kv, K_l, d_head]
+
+    @property
+    def n_keys(self) -> int:
+        return int(self.pattern.shape[-1])
+
+    @cached_property
+    def phi(self) -> Float[Tensor, "n_layers n_heads pos"]:
+        """LOCOS ``phi[l, h, j]`` for ``y_t`` (Eq. 2), logits, computed once per step."""
+        if self._directions is None:
+            raise RuntimeError("this step was captured without answer directions")
+        u = self._directions(self.token, self.scales)
+        if self._kv is not None:
+            return _phi_all_layers(self.pattern, self._kv, self._W_O, u)
+        out = []
+        for layer, v in enumerate(self.values):
+            # under a device_map split each layer's values and W_O live on that layer's
+            # device: compute there, gather the [n_heads, pos] result on pattern's device
+            dev = v.device
+            phi = phi_layer(self.pattern[layer].to(dev), v, self._W_O[layer].to(dev),
+                            u[layer].to(dev))
+            out.append(phi.to(self.pattern.device))
+        return torch.stack(out)
+
+
+class _PaddedValues(Sequence[Tensor]):
+    """``DecodeStep.values`` without copies: layer ``l``'s ``[n_keys, n_kv, d_head]``
+    values at absolute positions, built (zeros before a sliding window) only when read."""
+
+    def __init__(self, kv: list[Tensor], n_keys: int) -> None:
+        self._kv, self._n = kv, n_keys
+
+    def __len__(self) -> int:
+        return len(self._kv)
+
+    def __getitem__(self, layer: int) -> Tensor:  # type: ignore[override]
+        v = self._kv[layer].transpose(0, 1)  # [K, n_kv, d_head]
+        if v.shape[0] == self._n:
+            return v
+        return torch.cat([v.new_zeros(self._n - v.shape[0], *v.shape[1:]), v])
+
+
+def _phi_all_layers(
+    pattern: Float[Tensor, "n_layers n_heads pos"],
+    kv: list[Tensor],
+    W_O: list[Tensor],
+    u: Float[Tensor, "n_layers d_model"],
+) -> Float[Tensor, "n_layers n_heads pos"]:
+    """Eq. 2 for every layer of one step: ``phi = alpha * (v . (W_O[h] @ u))``.
+
+    ``kv[l]`` is the layer's ``[n_kv, K_l, d_head]`` values of its last ``K_l`` keys (a
+    view of the KV cache, never copied); products run in the values' dtype (float32
+    accumulation), as :func:`locos_tl.engine.kernel.phi_layer` in float32. A layer whose
+    window is shorter than the row is zero before it, as its pattern is.
+    """
+    L, H, n = pattern.shape
+    vws = []
+    for l, v in enumerate(kv):
+        W = W_O[l]  # [H, d_head, d_model]
+        ul = u[l]
+        if ul.device != W.device or ul.dtype != W.dtype:
+            ul = ul.to(W.device, W.dtype)
+        w = torch.mv(W.reshape(-1, W.shape[-1]), ul)  # [H * d_head] (a view of W_O: no copy)
+        if w.device != v.device:
+            w = w.to(v.device)
+        n_kv = v.shape[0]
+        vw = torch.bmm(w.view(n_kv, H // n_kv, -1), v.transpose(-1, -2))  # [kv, g, K]
+        if vw.device != pattern.device:
+            vw = vw.to(pattern.device)
+        vws.append(vw.view(H, -1))
+    if all(x.shape[-1] == n for x in vws):
+        vw_all = torch.stack(vws)
+        if vw_all.dtype != torch.float32:
+            vw_all = vw_all.to(torch.float32)
+    else:
+        vw_all = pattern.new_zeros(L, H, n)
+        for l, x in enumerate(vws):
+            vw_all[l, :, n - x.shape[-1] :] = x
+    return pattern * vw_all
+
+
+def _assemble(
+    attn: Sequence[Tensor], cache: Any, before: Sequence[Tensor | None], n_keys: int
+) -> tuple[Tensor, list[Tensor]]:
+    """One step's ``[n_layers, n_heads, n_keys]`` float32 pattern at absolute key
+    positions (zeros before a sliding window), and per layer the ``[n_kv, K_l, d_head]``
+    values of the ``K_l`` keys its row covers (views of the cache; a sliding layer's are
+    its pre-step cache plus the step's new value).
+
+    Raises:
+        LocosError: a row longer than the keys, or a cache whose values cannot be aligned.
+    """
+    kv = []
+    for l, row in enumerate(attn):
+        if row.shape[-1] > n_keys:
+            raise LocosError(f"layer {l}: attention row of {row.shape[-1]} keys for "
+                             f"{n_keys} key positions")
+        after = _cache_values(cache, l)
+        if after is None:
+            raise LocosError(f"layer {l}: the KV cache holds no values after the step")
+        kv.append(_step_values(before[l], after, row.shape[-1], l))
+    if all(r.shape[-1] == n_keys for r in attn):
+        pattern = torch.stack(list(attn))
+        if pattern.dtype != torch.float32:
+            pattern = pattern.to(torch.float32)
+    else:
+        pattern = attn[0].new_zeros(len(attn), attn[0].shape[0], n_keys, dtype=torch.float32)
+        for l, row in enumerate(attn):
+            pattern[l, :, n_keys - row.shape[-1] :] = row
+    return pattern, kv
+
+
+def _prompt_ids(tokens: Any) -> Tensor:
+    """``tokens`` (ids, or an integer tensor of shape ``[N]`` or ``[1, N]``) as ``[1, N]``
+    long.
+
+    Raises:
+        TrialError: a string (not tokenized), a float or bool tensor, or anything that is
+            not a sequence of integer ids (:func:`locos_tl.trials.as_token_ids`)."""
+    if isinstance(tokens, Tensor):
+        dt = tokens.dtype
+        if dt.is_floating_point or dt.is_complex or dt == torch.bool:
+            raise TrialError(f"tokens must be integer token ids, got a {dt} tensor")
+        return tokens.to(torch.long).reshape(1, -1)
+    from locos_tl.trials import as_token_ids
+
+    return torch.tensor([as_token_ids(tokens, "tokens")], dtype=torch.long).reshape(1, -1)
+
+
+@torch.no_grad()
+def greedy_decode(
+    model: Any,
+    tokens: Any,  # Sequence[int] | Tensor; checked by _prompt_ids (clear TrialError)
+    *,
+    max_new_tokens: int = 50,
+    on_step: Callable[[DecodeStep], None] | None = None,
+    directions: AnswerDirections | None = None,
+    stop_at_newline: bool = True,
+    stop_at_eos: bool = True,
+    prefill_mode: str = "auto",
+    chunk_size: int | None = None,
+    forced_tokens: Sequence[int] | None = None,
+    stop_rule: StopRule = "newline_token",
+    thinking: bool = True,
+    prompt_window: int = 0,
+    on_prompt_rows: Callable[[int, Tensor], None] | None = None,
+    decode_engine: DecodeEngine = "auto",
+) -> DecodeResult:
+    """Free greedy decoding, calling ``on_step`` at every step.
+
+    Args:
+        model: a TransformerBridge (batch size 1).
+        tokens: prompt ids, length ``N >= 1``.
+        max_new_tokens: at most this many generated tokens.
+        on_step: called with a :class:`DecodeStep` (pattern rows, values, ``y_t``) per step.
+        directions: answer directions for ``DecodeStep.phi``; needed only by phi users.
+        stop_at_newline: stop at a newline (as ``stop_rule`` defines it); off for
+            multi-line answers.
+        stop_at_eos: stop after an end-of-sequence token.
+        prefill_mode, chunk_size: see :func:`prefill`.
+        forced_tokens: teacher forcing: step ``t`` takes ``forced_tokens[t]`` instead of
+            the argmax (decoding ends when they run out).
+        stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
+            newline token stops) or ``"contains_newline"`` (any token containing a
+            newline); see :func:`is_newline_stop`.
+        thinking: skip a ``<think> ... </think>`` block (Qwen3 style, tokens found by
+            text, :func:`locos_tl.engine.answers.think_token_ids`; a block left open by the
+            prompt counts): newlines inside it and whitespace-only tokens right after
+            it never stop, and its text is kept out of the response (docs/concepts.md,
+            authors' release). ``False``: thinking tokens are ordinary tokens.
+        prompt_window: with ``on_prompt_rows``, read the attention rows of the last
+            ``prompt_window`` prompt positions (the HeadKV anchor variant): see
+            :func:`prefill_with_rows`. The row of the last prompt position is step 0's
+            ``DecodeStep.pattern``.
+        on_prompt_rows: called once per layer with that layer's rows of the positions
+            ``N - prompt_window .. N - 2``, ``[n_heads, rows, N - 1]``.
+        decode_engine: ``"auto"`` (default: the eager twin, or with no ``on_step`` the
+            SDPA twin, when it runs every attached hook; else the bridge, see
+            :func:`step_engine`), ``"twin"`` or ``"bridge"`` (the TransformerBridge with
+            ``hook_pattern`` hooks: the reference).
+
+    Returns:
+        The generated ids (the stop token included), the decoded response text (stop
+        token and thinking excluded, stripped), and where the response starts.
+
+    Raises:
+        ValueError: unknown ``stop_rule`` or ``decode_engine``; ``"twin"`` impossible.
+        ValueError: ``max_new_tokens`` is not an integer >= 1.
+        TrialError: ``tokens`` is not a sequence or tensor of integer ids (a string, a
+            float: the message says which); empty prompt; prompt + ``max_new_tokens``
+            longer than ``n_ctx``.
+        NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
+    """
+    check_stop_rule(stop_rule)
+    ids = _prompt_ids(tokens)
+    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
+            or max_new_tokens < 1):
+        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    N = ids.shape[1]
+    if N == 0:
+        raise TrialError("empty prompt")
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    if n_ctx and N + max_new_tokens - 1 > n_ctx:  # the last new token is never fed
+        raise TrialError(
+            f"prompt of {N} tokens + {max_new_tokens} new tokens exceeds the model's "
+            f"context n_ctx={n_ctx}"
+        )
+    device = next(_hf_model(model).parameters()).device
+    ids = ids.to(device)
+    n_layers = int(model.cfg.n_layers)
+    W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]  # views, no copy
+    scale_hooks = directions.hook_names() if directions is not None else []
+    eng = step_engine(model, decode_engine, rows=on_step is not None)
+
+    cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
+                              if on_prompt_rows is not None else 0, on_prompt_rows,
+                              mode=prefill_mode, chunk_size=chunk_size)
+    rows: dict[int, Tensor] = {}
+    scales: dict[str, Tensor] = {}
+
+    def keep_row(pattern: Tensor, hook: Any) -> None:
+        rows[int(hook.name.split(".")[1])] = pattern[0, :, -1, :].detach()
+
+    def keep_scale(scale: Tensor, hook: Any) -> None:  # stays on the device
+        scales[hook.name] = scale.reshape(scale.shape[0], scale.shape[1], -1)[0, -1, 0]
+
+    fwd_hooks = [(f"blocks.{l}.attn.hook_pattern", keep_row) for l in range(n_layers)]
+    fwd_hooks += [(name, keep_scale) for name in scale_hooks]
+    rules = _StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos,
+                          stop_at_newline=stop_at_newline)
+    state = rules.initial(ids[0])  # does the prompt leave a thinking block open?
+
+    if forced_tokens is not None:
+        max_new_tokens = min(max_new_tokens, len(forced_tokens))
+    keys = ids.new_zeros(N + max_new_tokens)  # key ids; step t reads keys[:N + t]
+    keys[:N] = ids[0]
+    sliding = _sliding_layers(cache, n_layers)
+    generated: list[int] = []
+    twin_scales = (_TwinScales(model, eng.twin, scale_hooks)
+                   if eng.path == "eager_twin" else None)
+    try:
+        for t in range(max_new_tokens):
+            n_keys = N + t
+            step_input = keys[n_keys - 1 : n_keys].view(1, 1)
+            # only a sliding layer's pre-step values are needed (and small); a full
+            # layer's old cache is never kept alive past its update
+            before = _pre_step_values(cache, sliding)
+            attn: Sequence[Tensor] = ()
+            if eng.path == "eager_twin":
+                out = eng.twin(step_input, past_key_values=cache, use_cache=True,
+                               output_attentions=True, logits_to_keep=1)
+                logits = out.logits[0, -1]
+                attn = [a.reshape(a.shape[1], a.shape[-1]) for a in out.attentions]
+                step_scales = ({k: v[0] for k, v in twin_scales.values.items()}
+                               if twin_scales is not None else {})
+            elif eng.path == "sdpa_twin":
+                logits = eng.twin(step_input, past_key_values=cache, use_cache=True,
+                                  logits_to_keep=1).logits[0, -1]
+                step_scales = {}
+            else:
+                rows.clear()
+                scales.clear()
+                logits = model.run_with_hooks(
+                    step_input, fwd_hooks=fwd_hooks if on_step is not None else [],
+                    past_key_values=cache, use_cache=True, return_type="logits",
+                )[0, -1]
+                attn = [rows[l] for l in range(n_layers)] if on_step is not None else ()
+                step_scales = dict(scales)
+            # the step's one host read: the token id, -1 when the logits hold NaN/inf
+            pick = int(torch.where(torch.isfinite(logits).all(), logits.argmax(), -1))
+            if pick < 0:  # e.g. fp16 overflow: argmax would be 0
+                raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
+                                     f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
+            y = pick if forced_tokens is None else int(forced_tokens[t])
+            step_thinking = rules.is_thinking(state, y)
+            if on_step is not None:
+                pattern, kv = _assemble(attn, cache, before, n_keys)
+                on_step(DecodeStep(t=t, token=y, key_tokens=keys[:n_keys], pattern=pattern,
+                                   values=_PaddedValues(kv, n_keys), scales=step_scales,
+                                   logits=logits, thinking=step_thinking, _W_O=W_O,
+                                   _directions=directions, _kv=kv))
+            generated.append(y)
+            if n_keys < keys.shape[0]:
+                keys[n_keys] = y
+            if rules.advance(state, t, y, step_thinking):
+                break
+    finally:
+        if twin_scales is not None:
+            twin_scales.remove()
+    return rules.result(state, N, generated)

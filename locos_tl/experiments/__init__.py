@@ -1,0 +1,1 @@
+"""The experiments: scoring, ablation, activation patching, KV-cache compression."""

@@ -1,0 +1,452 @@
+"""Ablation sweeps: answer quality after ablating the top-k heads of each ranking.
+
+docs/concepts.md (Gema, Alex & Minervini 2026, arXiv 2607.01002): for k in
+{1, 5, 10, 20, 50, 100} ablate the k best heads of each method (and the controls:
+seeded random heads over 3 seeds, the bottom-k of LOCOS), decode greedily with the
+ablation active over the whole prompt and every generated token, and score the
+response (ROUGE-L F and NoLiMa ``contains`` by default; MuSiQue and BABILong scorers in
+:mod:`locos_tl.experiments.task_metrics`). The specificity control compares the drop on retrieval
+with the drop on parametric / arithmetic prompts: :func:`dissociation_score`.
+
+Runs are resumable: every (head set, trial) generation is one JSON line in
+``out_dir/trials.jsonl``; identical head sets (across methods or k) are generated once.
+``out_dir/jobs.json`` keeps every cell any call asked for, so a directory grown by calls
+on different grids reads back as one table (:func:`locos_tl.experiments.run_table.load_evaluation`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+from tqdm.auto import tqdm
+
+from locos_tl.engine.ablation import (
+    AblationMeans,
+    AblationMode,
+    ablate,
+    check_mode,
+    random_heads,
+)
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.stops import StopRule, check_stop_rule
+from locos_tl.experiments.run_table import (
+    AblationJob,
+    directory_table,
+    job_cell,
+    read_jobs,
+    record_jobs,
+)
+from locos_tl.experiments.score import check_trials_fit
+from locos_tl.experiments.task_metrics import (
+    DEFAULT_CONTROL_METRIC,
+    Scorer,
+    get_scorer,
+    scorer_name,
+)
+from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
+from locos_tl.heads import Head, HeadScores
+from locos_tl.models.load import model_dtype, model_name
+from locos_tl.runs.provenance import provenance
+from locos_tl.runs.records import META_FILE, RecordStore
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
+
+DEFAULT_KS = (1, 5, 10, 20, 50, 100)
+BASELINE = "baseline"
+RANDOM = "random"
+RESUME_KEYS = ("model", "dtype", "mode", "means_hash", "max_new_tokens", "stop_at_newline",
+               "stop_rule", "thinking")
+
+
+def means_hash(means: AblationMeans | None) -> str | None:
+    if means is None:
+        return None
+    h = hashlib.sha256(means.q.numpy().tobytes())
+    h.update(means.z.numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def _ranking(hs: Sequence[HeadLike] | HeadScores, name: str, n_layers: int,
+             n_heads: int) -> list[Head]:
+    if isinstance(hs, HeadScores):
+        return hs.ranked(True)
+    return parse_heads(hs, n_layers=n_layers, n_heads=n_heads, what=f"head_sets[{name!r}]",
+                       unique=True)
+
+
+def _check_head_sets(head_sets: Any) -> None:
+    if not isinstance(head_sets, Mapping):
+        raise HeadSpecError("head_sets must be a dict {name: ranking}, e.g. "
+                            "{'locos': scores, 'mine': [(14, 3), 'L20H1']}, got "
+                            f"{type(head_sets).__name__}")
+    for name in head_sets:
+        if not isinstance(name, str) or not name:
+            raise HeadSpecError(f"head_sets keys must be non-empty method names, got {name!r}")
+
+
+def build_jobs(
+    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
+    ks: Sequence[int],
+    *,
+    n_layers: int,
+    n_heads: int,
+    seeds: Sequence[int] = (0, 1, 2),
+    random: bool = True,
+    bottom: str | None = "auto",
+) -> list[AblationJob]:
+    """The sweep's cells: the baseline (k=0), top-k of every head set, random heads per
+    seed and the bottom-k control.
+
+    Args:
+        head_sets: method name -> :class:`HeadScores` or a ranked list of heads in any
+            form of :func:`locos_tl.head_spec.parse_heads` (``(14, 3)``, ``"L14H3"``,
+            ``"14-3"``; no head twice).
+        ks: the k values, each in ``0..n_layers * n_heads`` (0 is the baseline, always
+            run); a k beyond a head list's length is skipped for it (:func:`evaluate`
+            warns and records it).
+        n_layers, n_heads: the model's geometry (for random heads).
+        seeds: seeds of the random-heads control (method ``"random"``).
+        random: include the random control.
+        bottom: name of the :class:`HeadScores` entry whose lowest-scoring heads form the
+            bottom-k control (method ``"<name>_bottom"``); ``"auto"``: ``"locos"`` if
+            present, else the first :class:`HeadScores`; None: no bottom-k control.
+
+    Raises:
+        HeadSpecError: (a ``ValueError``) a k that is not an integer or outside
+            ``0..n_layers * n_heads``; a malformed, out-of-range or repeated head.
+        ValueError: ``bottom`` names no :class:`HeadScores` entry.
+    """
+    _check_head_sets(head_sets)
+    ks = [x for x in parse_ks(ks, n_total=n_layers * n_heads, allow_zero=True) if x > 0]
+    jobs = [AblationJob(BASELINE, 0, 0, ())]
+    for name, hs in head_sets.items():
+        ranking = _ranking(hs, name, n_layers, n_heads)
+        jobs += [AblationJob(name, k, 0, tuple(ranking[:k])) for k in ks if k <= len(ranking)]
+    if random:
+        for seed in seeds:
+            jobs += [AblationJob(RANDOM, k, int(seed), tuple(random_heads(n_layers, n_heads, k,
+                                                                          int(seed))))
+                     for k in ks]  # parse_ks: every k <= n_layers * n_heads
+    if bottom == "auto":
+        scored = [n for n, hs in head_sets.items() if isinstance(hs, HeadScores)]
+        bottom = "locos" if "locos" in scored else (scored[0] if scored else None)
+    if bottom is not None:
+        src = head_sets.get(bottom)
+        if not isinstance(src, HeadScores):
+            raise ValueError(f"bottom-k control: {bottom!r} is not a HeadScores entry of "
+                             f"head_sets ({sorted(head_sets)})")
+        low = src.ranked(False)
+        jobs += [AblationJob(f"{bottom}_bottom", k, 0, tuple(low[:k])) for k in ks
+                 if k <= len(low)]
+    return jobs
+
+
+def evaluate(
+    model: Any,
+    trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
+    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
+    *,
+    k: int | Sequence[int] | None = None,
+    mode: AblationMode = "query_mean",
+    means: AblationMeans | None = None,
+    seeds: int | Sequence[int] = (0, 1, 2),
+    random: bool = True,
+    bottom: str | None = "auto",
+    scorer: str | Scorer = "nolima",
+    out_dir: str | Path | None = None,
+    max_new_tokens: int = 100,
+    stop_at_newline: bool = True,
+    chunk_size: int = 1024,
+    stop_rule: StopRule = "newline_token",
+    thinking: bool = True,
+    progress: bool = True,
+    workers: int = 1,
+    ray_address: str | None = None,
+    on_resume: Callable[[int, int], None] | None = None,
+    extend: bool = False,
+    **distributed_kwargs: Any,
+) -> pd.DataFrame:
+    """Answer quality after ablating each method's top-k heads (docs/concepts.md).
+
+    Every generation is free greedy decoding (at most ``max_new_tokens``) with the
+    ablation active at every prompt position and every generated token (the prompt is
+    prefilled on the fast SDPA twin with the same interventions as module hooks, or
+    through the bridge when a hook the twin cannot run is attached;
+    :mod:`locos_tl.engine.interventions`).
+
+    Args:
+        model: a TransformerBridge.
+        trials: the evaluation trials (e.g. NoLiMa at lengths 1000..16000).
+        head_sets: method name -> ranking: a ``HeadScores`` or a ranked list of heads in
+            any form of :func:`locos_tl.head_spec.parse_heads` (``(14, 3)``,
+            ``"L14H3"``, ``"14-3"``; no head twice). A k beyond a list's length is
+            skipped for it with a warning, recorded as ``skipped_k`` in ``meta.json``.
+        k: head counts to ablate, each in ``1..n_layers * n_heads``; default: the
+            paper's :data:`DEFAULT_KS` (1, 5, 10, 20, 50, 100) up to the model's head
+            count. k=0 (no ablation) is always run, as method ``"baseline"``.
+        mode: ablation mode (see :func:`locos_tl.ablate`).
+        means: calibration means (:func:`locos_tl.calibrate_means`), needed by
+            ``query_mean`` and ``output_mean``.
+        seeds: seeds of the random-heads control (one int or a list).
+        random: include the random-heads control (method ``"random"``).
+        bottom: bottom-k control source (see :func:`build_jobs`).
+        scorer: ``"nolima"`` (``rougeL``, ``contains``), ``"musique"`` (``em``,
+            ``f1``), ``"babilong"`` (``substring``), ``"control"`` (``exact_match``,
+            ``contains``; the specificity controls) or a callable
+            ``(response, trial) -> {metric: value}``.
+        out_dir: run directory (``trials.jsonl`` generations, ``meta.json`` provenance,
+            ``jobs.json`` cells, ``evaluation.csv``); a rerun with the same settings
+            skips finished work. ``evaluation.csv`` is the directory's table
+            (:func:`locos_tl.experiments.run_table.load_evaluation`): this call's cells and those of
+            earlier calls whose generations cover ``trials``.
+        max_new_tokens: greedy decoding budget.
+        stop_at_newline: stop at a newline (off for multi-line answers such as MuSiQue).
+        chunk_size: prefill query chunk (memory ``O(chunk_size x N)`` per layer).
+        stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
+            newline token stops) or ``"contains_newline"``; see
+            :func:`locos_tl.engine.decode.greedy_decode`. Recorded in ``meta.json``.
+        thinking: skip a ``<think> ... </think>`` block before the stop rule and keep
+            its text out of the scored response (default). Recorded in ``meta.json``.
+        progress: show a tqdm bar over (head set, trial) generations.
+        workers: > 1 (or a ``ray_address``): spread the generations over that many Ray
+            actors, each loading the model from the bridge's recorded path and dtype;
+            identical results; needs ``pip install "locos_tl[ray]"``. See
+            :func:`locos_tl.runs.distributed.generate_ablated_distributed`.
+        ray_address: a running Ray cluster; None starts a local one for the run.
+        on_resume: with ``out_dir``, called once before any generation as
+            ``on_resume(n_reused, n_generations)``: how many finished generations the
+            run reuses (its own reuse rule; ``locos ablate`` prints it).
+        extend: let ``out_dir`` hold a run over a subset of ``trials`` (grow a run from
+            20 to 60 trials keeping the 20 finished ones); a run over trials outside
+            ``trials`` is still refused. ``meta.json`` then describes the larger run.
+            ``meta.json`` is the provenance of the last call that generated into
+            ``out_dir``: a call that finds every generation recorded leaves it as it is.
+        **distributed_kwargs: more options of the distributed run (``pool``,
+            ``load_kwargs``, ``num_gpus_per_worker``, ...).
+
+    Returns:
+        Tidy DataFrame of this call's cells, one row per (method, k, seed, metric):
+        ``value`` is the mean over trials (in [0, 1]), ``n_trials`` the count.
+        Deterministic methods have ``seed = 0``; the baseline row is
+        ``method="baseline", k=0``.
+
+    Raises:
+        ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``.
+        HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
+            malformed, repeated or out-of-range head; a k or seed that is not an
+            integer, a k below 1 or above ``n_layers * n_heads`` (nothing is dropped
+            silently).
+        TrialError: ``trials`` is one bare Trial (pass a list) or holds a
+            non-Trial; a trial does not fit the model.
+        LocosError: ``out_dir`` holds a run made with other settings or over another
+            trial set (with ``extend``: over a trial that is not in ``trials``).
+    """
+    mode = check_mode(mode)
+    if mode.endswith("_mean") and means is None:
+        raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
+    score_fn = get_scorer(scorer)
+    stop_rule = check_stop_rule(stop_rule)
+    trials = as_trial_list(trials, "evaluate")
+    check_trials_fit(model, trials, max_new_tokens)
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    _check_head_sets(head_sets)
+    if k is None:
+        k = [x for x in DEFAULT_KS if x <= L * H]
+    else:
+        k = parse_ks(k, n_total=L * H, what="k")
+    seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
+    jobs = build_jobs(head_sets, k, n_layers=L, n_heads=H, seeds=seeds, random=random,
+                      bottom=bottom)
+    made = {(j.method, j.k) for j in jobs}
+    skipped = {name: [x for x in k if (name, x) not in made] for name in head_sets}
+    skipped = {name: ks for name, ks in skipped.items() if ks}
+    if skipped:
+        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={ks}: those k are "
+                                "skipped for it" for n, ks in skipped.items()), stacklevel=2)
+    for name, hs in head_sets.items():  # fail before any generation, not halfway through
+        if isinstance(hs, HeadScores):
+            if (hs.n_layers, hs.n_heads) != (L, H):
+                raise ValueError(f"head set {name!r} scores {hs.n_layers} layers x "
+                                 f"{hs.n_heads} heads; the model has {L} x {H}")
+            if hs.n_trials == 0:
+                raise ValueError(f"head set {name!r} has no accepted trial: its ranking is "
+                                 "all NaN")
+    settings = {
+        "model": model_name(model), "dtype": model_dtype(model), "mode": mode,
+        "means_hash": means_hash(means),
+        "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
+        "stop_rule": stop_rule, "thinking": thinking,
+        "scorer": scorer_name(scorer), "ks": sorted({int(x) for x in k}),
+        "seeds": [int(s) for s in seeds], "methods": sorted({j.method for j in jobs}),
+        "skipped_k": skipped,
+        "n_trials": len(trials), "trial_set_hash": trial_set_hash(trials),
+        "head_sets": {j.key: [list(h) for h in j.heads] for j in jobs},
+    }
+    store = (RecordStore(out_dir, settings, RESUME_KEYS, trial_field="trial",
+                         extend_to={t.trial_id for t in trials} if extend else None)
+             if out_dir is not None else None)
+    if store is not None:  # the cells first (an unreadable jobs.json fails here)
+        _record_cells(out_dir, jobs, head_sets, L, H, fresh=not store.records)
+
+    sets = {j.key: j.heads for j in jobs}  # unique head sets, in job order
+    responses: dict[tuple[str, str], str] = {}
+    todo = []
+    for key in sets:
+        for t in trials:
+            rec = store.get(f"{key}:{t.trial_id}") if store is not None else None
+            if rec is not None:
+                responses[(key, t.trial_id)] = rec["response"]
+            else:
+                todo.append((key, t))
+    if store is not None and (todo or not (store.dir / META_FILE).exists()):
+        # the provenance of the last call that generates here: a call whose every
+        # generation is recorded (a report, a rerun on fewer methods) leaves it as it is
+        store.write_meta(provenance(model, settings))
+    if on_resume is not None and store is not None:
+        on_resume(len(sets) * len(trials) - len(todo), len(sets) * len(trials))
+
+    def keep(key: str, t: Trial, text: str, generated: list[int], stopped_by: str) -> None:
+        responses[(key, t.trial_id)] = text
+        if store is not None:
+            store.append({"trial_id": f"{key}:{t.trial_id}", "heads_key": key,
+                          "trial": t.trial_id, "n_heads": len(sets[key]),
+                          "response": text, "generated": generated, "stopped_by": stopped_by})
+
+    if (workers > 1 or ray_address is not None or distributed_kwargs) and todo:
+        from locos_tl.runs.distributed import generate_ablated_distributed
+
+        generate_ablated_distributed(
+            model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
+            max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline,
+            chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
+            workers=workers, ray_address=ray_address,
+            progress=progress,
+            on_result=lambda ev: keep(*todo[ev.index], ev.result["response"],
+                                      ev.result["generated"], ev.result["stopped_by"]),
+            **distributed_kwargs,
+        )
+        todo = []
+    bar = tqdm(total=len(todo), desc=f"ablation ({mode})", unit="gen", disable=not progress)
+    for key, heads in sets.items():
+        pending = [t for kk, t in todo if kk == key]
+        if not pending:
+            continue
+        with ablate(model, list(heads), mode, means=means):
+            for t in pending:
+                res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
+                                    stop_at_newline=stop_at_newline, prefill_mode="auto",
+                                    chunk_size=chunk_size, stop_rule=stop_rule,
+                                    thinking=thinking)
+                keep(key, t, res.text, res.generated, res.stopped_by)
+                bar.update(1)
+    bar.close()
+
+    per_trial = {t.trial_id: t for t in trials}
+    metric_cache: dict[tuple[str, str], dict[str, float]] = {  # floats, as load_evaluation
+        kt: {m: float(v) for m, v in score_fn(resp, per_trial[kt[1]]).items()}
+        for kt, resp in responses.items()
+    }
+    # this call's cells, from the same table code as the directory's (bit-equal values)
+    df = directory_table(None, trials, score_fn, [job_cell(j) for j in jobs],
+                         known=metric_cache)
+    if out_dir is not None:  # the directory's table: this call's cells and earlier ones
+        cells = read_jobs(out_dir)
+        table = directory_table(out_dir, trials, score_fn, cells, known=metric_cache)
+        table.to_csv(Path(out_dir) / "evaluation.csv", index=False)
+        have = set(zip(table["method"], table["k"], table["seed"], strict=True))
+        short = [f"{c['method']} k={c['k']}" + (f" seed={c['seed']}" if c["method"] == RANDOM
+                                                else "")
+                 for c in cells if (c["method"], c["k"], c["seed"]) not in have]
+        if short:
+            warnings.warn(f"{len(short)} cell(s) recorded in {out_dir} lack a generation "
+                          f"for some of the {len(trials)} trials and are left out of "
+                          f"evaluation.csv ({', '.join(short[:6])}"
+                          f"{', ...' if len(short) > 6 else ''}): rerun with those k and "
+                          "seeds to fill them", stacklevel=2)
+    return df
+
+
+def _record_cells(out_dir: str | Path, jobs: Sequence[AblationJob],
+                  head_sets: Mapping[str, Sequence[HeadLike] | HeadScores], L: int, H: int,
+                  *, fresh: bool) -> None:
+    """Record this call's cells in ``jobs.json`` with every ranking in full, so earlier
+    cells of a ranking scored anew leave the table (warned)."""
+    rankings = {name: _ranking(hs, name, L, H) for name, hs in head_sets.items()}
+    for j in jobs:  # the bottom-k control ranks its source from the bottom
+        src = j.method.removesuffix("_bottom")
+        if j.method.endswith("_bottom") and isinstance(head_sets.get(src), HeadScores):
+            rankings[j.method] = head_sets[src].ranked(False)
+    dropped = record_jobs(out_dir, jobs, rankings=rankings, fresh=fresh)
+    if dropped:
+        warnings.warn(f"{out_dir}: the rankings given now differ from the ones its earlier "
+                      f"cells used; {len(dropped)} earlier cell(s) leave its table "
+                      f"({', '.join(f'{m} k={k}' for m, k, _ in dropped[:6])}"
+                      f"{', ...' if len(dropped) > 6 else ''}); their generations stay in "
+                      "trials.jsonl", stacklevel=3)
+
+
+def summarize(df: pd.DataFrame) -> pd.DataFrame:
+    """Mean (and std over seeds) of ``value`` per ``(method, k, metric)``."""
+    g = df.groupby(["method", "k", "metric"], as_index=False)["value"]
+    out = g.agg(value="mean", std="std", n_seeds="count")
+    return out.sort_values(["metric", "method", "k"]).reset_index(drop=True)
+
+
+def dissociation_score(
+    df_retrieval: pd.DataFrame,
+    df_control: pd.DataFrame,
+    *,
+    retrieval_metric: str = "rougeL",
+    control_metric: str = DEFAULT_CONTROL_METRIC,
+) -> pd.DataFrame:
+    """Dissociation score ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (docs/concepts.md).
+
+    ``R``: retrieval metric, ``P``: control metric (parametric recall or arithmetic),
+    index 0: no ablation (the ``"baseline"`` row). Values are first averaged over
+    seeds. DS near 1: the heads are needed for retrieval only; near 0: the ablation
+    hurts both alike (or neither). Unitless. Source: arXiv 2607.01002, Sec. 4; the
+    control metric defaults to the authors' exact match after lower-casing and
+    stripping (``scorer="control"`` rows ``exact_match``); ``"contains"`` (NoLiMa's
+    case-sensitive substring, the former default) is the option.
+
+    Args:
+        df_retrieval, df_control: :func:`evaluate` outputs on retrieval and control trials
+            (same head sets and k); control trials scored with ``scorer="control"``
+            (trials from :mod:`locos_tl.data.controls`).
+        retrieval_metric, control_metric: the ``metric`` rows to use.
+
+    Returns:
+        One row per ``(method, k)`` present in both: ``R0, R, P0, P, ds`` (NaN when a
+        baseline is 0).
+
+    Raises:
+        ValueError: a column, a metric or a baseline row is missing.
+    """
+    def pick(df: pd.DataFrame, metric: str, what: str) -> tuple[float, pd.Series]:
+        missing = [c for c in ("method", "k", "metric", "value") if c not in df.columns]
+        if missing:
+            raise ValueError(f"{what}: not an evaluate() table (no column {missing})")
+        sub = df[df["metric"] == metric]
+        if sub.empty:
+            raise ValueError(f"{what}: no rows for metric {metric!r} "
+                             f"(have {sorted(df['metric'].unique())})")
+        base = sub[sub["method"] == BASELINE]["value"]
+        if base.empty:
+            raise ValueError(f"{what}: no {BASELINE!r} (k=0) row")
+        means = sub[sub["method"] != BASELINE].groupby(["method", "k"])["value"].mean()
+        return float(base.mean()), means
+
+    R0, R = pick(df_retrieval, retrieval_metric, "retrieval")
+    P0, P = pick(df_control, control_metric, "control")
+    both = R.index.intersection(P.index)
+    out = pd.DataFrame({"R0": R0, "R": R.loc[both], "P0": P0, "P": P.loc[both]})
+    with np.errstate(divide="ignore", invalid="ignore"):
+        r_drop = (out["R0"] - out["R"]) / out["R0"] if R0 != 0 else np.nan
+        p_drop = (out["P0"] - out["P"]) / out["P0"] if P0 != 0 else np.nan
+    out["ds"] = r_drop - p_drop
+    return out.reset_index()

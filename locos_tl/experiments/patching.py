@@ -1,0 +1,459 @@
+"""Causal retrieval importance (CRI): per-head activation patching, clean -> corrupted.
+
+docs/concepts.md (Gema, Alex & Minervini 2026, arXiv 2607.01002, causal baseline): for
+each trial build a *corrupted* prompt (the needle replaced by as many filler tokens, or
+the character name swapped), run it, and for every head ``(l, h)`` rerun it with the
+head's output ``hook_z`` taken from the clean run at every position. At the position
+before the first answer token the metric is
+
+    m = logit[gold] - logit[c],   c = argmax of the corrupted run's logits, gold excluded
+
+and ``CRI(l, h) = E_trials[m(patched_{l,h}) - m(corrupted)]`` (logits). A head that
+carries the needle's answer to the output has a large positive CRI.
+
+Cost: the per-head patched runs are batched (batch axis = heads, ``batch_size`` at a
+time), so one trial costs ``2 + ceil(n_layers * n_heads / batch_size)`` forward calls
+instead of ``n_layers * n_heads + 2``. The tokens before the needle are the same in
+every run and so are their activations (causal attention): their KV cache is computed
+once and every run starts at the needle, which removes the share of the compute the
+prefix would take (about half at a 50 % needle depth). Long prompts run in query chunks
+with a KV cache (the bridge's eager attention holds ``batch x n_heads x chunk x N``
+scores per layer).
+"""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from locos_tl.engine.answers import answer_steps, answer_token_variants
+from locos_tl.engine.decode import DecodeStep, greedy_decode
+from locos_tl.engine.forward import _new_cache
+from locos_tl.engine.interventions import intervene
+from locos_tl.engine.twin import sdpa_twin
+from locos_tl.errors import TrialError
+from locos_tl.experiments.score import check_trials_fit
+from locos_tl.head_spec import as_int
+from locos_tl.heads import HeadScores
+from locos_tl.models.load import model_dtype, model_name
+from locos_tl.runs.provenance import provenance
+from locos_tl.runs.records import RecordStore
+from locos_tl.tokenize import check_no_bos, encode_fragment
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
+
+Corruption = Literal["filler", "name_swap"]
+CORRUPTIONS: tuple[str, ...] = get_args(Corruption)
+AnswerPosition = Literal["generated", "prompt_end"]
+
+#: Classic needle-in-a-haystack filler; tokenized and cycled to the needle's length.
+DEFAULT_FILLER = ("The grass is green. The sky is blue. The sun is yellow. "
+                  "Here we go. There and back again. ")
+#: Replacement names for ``corruption="name_swap"`` (the first one of matching token
+#: length that differs from the gold answer is used).
+DEFAULT_SWAP_NAMES = ("Yuki", "Stuart", "Katie", "Veronica", "Gary", "Megan", "Calvin",
+                      "Mandy", "Diana", "Caleb", "Emma", "Nathan", "Olivia", "Leo")
+RESUME_KEYS = ("model", "dtype", "corruption", "answer_position", "max_new_tokens", "filler",
+               "swap_names")
+
+
+def corrupt_tokens(
+    tokenizer: Any,
+    trial: Trial,
+    corruption: Corruption = "filler",
+    *,
+    filler: str | Sequence[int] = DEFAULT_FILLER,
+    swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
+) -> list[int]:
+    """The trial's prompt with its needle corrupted; same length as the clean prompt.
+
+    Args:
+        tokenizer: the model's tokenizer (or the bridge); fragments are encoded by
+            :func:`locos_tl.tokenize.encode_fragment` (no special tokens), so the
+            corrupted prompt keeps the clean prompt's BOS at position 0 and gets none
+            elsewhere.
+        trial: the clean trial.
+        corruption: ``"filler"`` replaces every needle token by filler tokens (``filler``
+            text tokenized without special tokens, or ids, cycled); ``"name_swap"``
+            replaces each occurrence of the gold answer's tokens inside the needle by
+            another name of the same token length (from ``swap_names``).
+        filler: filler text or token ids.
+        swap_names: candidate replacement names.
+
+    Raises:
+        ValueError: unknown corruption, or empty filler.
+        TrialError: ``name_swap`` finds no answer tokens in the needle, or no candidate
+            name of the same token length; the filler holds the checkpoint's BOS.
+    """
+    if corruption not in CORRUPTIONS:
+        raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
+    toks = list(trial.tokens)
+    s, e = trial.needle_span
+    if corruption == "filler":
+        fill = (encode_fragment(tokenizer, filler) if isinstance(filler, str)
+                else [int(x) for x in filler])
+        if not fill:
+            raise ValueError("filler has no token")
+        toks[s:e] = [fill[i % len(fill)] for i in range(e - s)]
+        check_no_bos(tokenizer, fill, start=0, what="filler")
+        return toks
+    needle = toks[s:e]
+    for variant in answer_token_variants(tokenizer, trial.answer):
+        hits = [i for i in range(len(needle) - len(variant) + 1)
+                if needle[i : i + len(variant)] == variant]
+        if not hits:
+            continue
+        lead = " " if tokenizer.decode(variant[:1]).startswith(" ") else ""
+        for name in swap_names:
+            if name.strip().lower() == trial.answer.strip().lower():
+                continue
+            cand = encode_fragment(tokenizer, lead + name.strip())
+            if len(cand) == len(variant):
+                for i in hits:
+                    needle[i : i + len(variant)] = cand
+                toks[s:e] = needle
+                return toks
+        raise TrialError(f"no swap name tokenizes to {len(variant)} token(s) like "
+                         f"{trial.answer!r}; pass swap_names")
+    raise TrialError(f"answer {trial.answer!r} does not occur in the needle tokens")
+
+
+def default_batch_size(device: torch.device | str) -> int:
+    """Heads patched per forward when not given: 16 on a GPU; 1 on CPU, where a batch
+    saves calls but not FLOPs and its larger attention tensors made it slower (see
+    ``benchmarks/bench_methods.py``)."""
+    return 16 if torch.device(device).type == "cuda" else 1
+
+
+@torch.no_grad()
+def _last_logits(
+    model: Any,
+    ids: Int[Tensor, "batch pos"],
+    *,
+    chunk_size: int,
+    start: int = 0,
+    cache: Any = None,
+    fwd_hooks: Sequence[tuple[str, Callable]] = (),
+    state: dict[str, int] | None = None,
+) -> Float[Tensor, "batch d_vocab"]:
+    """Run ``ids[:, start:]`` in query chunks on top of ``cache`` (which must hold
+    positions ``[0, start)``; a fresh cache by default) and return the last position's
+    logits. ``fwd_hooks`` are registered interventions
+    (:func:`locos_tl.engine.interventions.intervene`): the forwards run on the SDPA twin with
+    the same hooks as module hooks when it reproduces everything attached, else through
+    the bridge. ``state["start"]`` holds each chunk's first absolute position, for
+    position-aware hooks."""
+    cache = _new_cache(model) if cache is None else cache
+    logits = None
+    with intervene(model, list(fwd_hooks)) as engine:  # the twin runs the same hooks
+        twin = sdpa_twin(model) if engine == "twin" else None
+        for i in range(start, ids.shape[1], chunk_size):
+            if state is not None:
+                state["start"] = i
+            chunk = ids[:, i : i + chunk_size]
+            if twin is not None:
+                logits = twin(chunk, past_key_values=cache, use_cache=True,
+                              logits_to_keep=1).logits
+            else:
+                logits = model(chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    if logits is None:
+        raise ValueError(f"nothing to run: start={start} >= {ids.shape[1]} positions")
+    return logits[:, -1].float()
+
+
+def _copy_cache(cache: Any, batch: int = 1) -> Any:
+    """An independent copy of a KV cache, repeated ``batch`` times along the batch axis."""
+    out = copy.deepcopy(cache)
+    if batch > 1:
+        out.batch_repeat_interleave(batch)
+    return out
+
+
+class _AnswerFound(Exception):
+    """Raised from a decode callback to stop once the answer's first token is known."""
+
+
+def _answer_target(
+    model: Any, trial: Trial, answer_position: AnswerPosition, max_new_tokens: int
+) -> tuple[list[int], set[int]] | None:
+    """``(prefix, gold candidates)``: the tokens between the prompt and the first answer
+    token, and that token (``"generated"``; None when the response never contains the
+    answer) or the first tokens of the answer's tokenizations (``"prompt_end"``; the one
+    the clean run prefers is used)."""
+    if answer_position == "prompt_end":
+        return [], {v[0] for v in answer_token_variants(model.tokenizer, trial.answer)}
+    generated: list[int] = []
+    longest = max(len(v) for v in answer_token_variants(model.tokenizer, trial.answer))
+
+    def stop_when_found(step: DecodeStep) -> None:
+        generated.append(step.token)
+        found = answer_steps(model.tokenizer, generated, trial.answer)
+        if found and len(generated) >= found[0] + longest:  # no earlier match can appear
+            raise _AnswerFound
+
+    try:
+        res = greedy_decode(model, trial.tokens, max_new_tokens=max_new_tokens,
+                            on_step=stop_when_found)
+        generated = res.generated
+    except _AnswerFound:
+        pass
+    steps = answer_steps(model.tokenizer, generated, trial.answer)
+    if not steps:
+        return None
+    return generated[: steps[0]], {generated[steps[0]]}
+
+
+def head_patch_hook(
+    z_clean: Float[Tensor, "pos n_heads d_head"],
+    pairs: Sequence[tuple[int, int]],
+    state: dict[str, int],
+    offset: int = 0,
+) -> Callable[[Tensor, Any], Tensor]:
+    """A ``hook_z`` hook writing the clean run's output of one head per batch row.
+
+    Row ``i`` of the batch gets head ``h``'s clean ``hook_z`` for each ``(i, h)`` in
+    ``pairs``; every other head of the layer (and every other row) keeps the corrupted
+    run's value, so patching head ``(l, h)`` changes no other head's ``hook_z`` at layer
+    ``l`` (``hook_z`` is per head, after QK-norm, attention and before ``W_O``, so no norm
+    mixes heads there on any architecture).
+
+    Args:
+        z_clean: the clean run's ``hook_z`` of this layer at absolute positions
+            ``[offset, offset + pos)``.
+        pairs: ``(batch row, head)`` pairs.
+        state: ``state["start"]``: absolute position of the current chunk's first query.
+        offset: absolute position of ``z_clean[0]``.
+
+    Returns:
+        The hook (returns a patched copy of ``[batch, chunk, n_heads, d_head]``).
+    """
+    rows = torch.tensor([i for i, _ in pairs], device=z_clean.device)
+    cols = torch.tensor([h for _, h in pairs], device=z_clean.device)
+
+    def patch(x: Tensor, hook: Any) -> Tensor:  # [batch, chunk, n_heads, d_head]
+        a = state["start"] - offset
+        src = z_clean[a : a + x.shape[1]]  # [chunk, n_heads, d_head]
+        x = x.clone()
+        x[rows.to(x.device), :, cols.to(x.device)] = (
+            src[:, cols].transpose(0, 1).to(device=x.device, dtype=x.dtype))
+        return x
+
+    return patch
+
+
+def _logit_diff(logits: Tensor, gold: int, cf: int) -> Tensor:
+    return logits[..., gold] - logits[..., cf]
+
+
+@torch.no_grad()
+def cri_trial(
+    model: Any,
+    trial: Trial,
+    *,
+    corruption: Corruption = "filler",
+    batch_size: int | None = None,
+    chunk_size: int = 1024,
+    answer_position: AnswerPosition = "generated",
+    max_new_tokens: int = 50,
+    filler: str | Sequence[int] = DEFAULT_FILLER,
+    swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
+    share_prefix: bool = True,
+) -> dict[str, Any]:
+    """CRI of every head on one trial; returns a JSON-serialisable record.
+
+    Arguments as in :func:`patch_heads`; ``share_prefix=False`` reruns the tokens before
+    the needle in every run (same result, for benchmarks).
+
+    Record fields: ``trial_id``, ``accepted``, ``dropped`` (None or
+    ``"no_answer_step"``), ``gold``, ``counterfactual``, ``metric_clean``,
+    ``metric_corrupted`` (logits), ``scores["cri"]`` (``[n_layers][n_heads]``, logits),
+    ``n_forwards``.
+
+    Raises:
+        ValueError, TrialError: see :func:`corrupt_tokens`; ``batch_size < 1``.
+    """
+    device = next(model.original_model.parameters()).device
+    batch_size = default_batch_size(device) if batch_size is None else batch_size
+    if as_int(batch_size, "batch_size") < 1:
+        raise ValueError("batch_size must be >= 1")
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    record: dict[str, Any] = {"trial_id": trial.trial_id, "accepted": False, "dropped": None,
+                              "scores": {}, "meta": trial.meta}
+    corrupted = corrupt_tokens(model.tokenizer, trial, corruption, filler=filler,
+                               swap_names=swap_names)
+    target = _answer_target(model, trial, answer_position, max_new_tokens)
+    if target is None:
+        record["dropped"] = "no_answer_step"
+        return record
+    prefix, golds = target
+    clean = torch.tensor([list(trial.tokens) + prefix], device=device)
+    corr = torch.tensor([corrupted + prefix], device=device)
+
+    # Positions before the first corrupted token are identical in every run (causal
+    # attention): compute their KV cache once and run only the rest, clean, corrupted and
+    # patched alike.
+    diff = (clean != corr)[0].nonzero()
+    shared = min(int(diff[0]) if diff.numel() else clean.shape[1], clean.shape[1] - 1)
+    shared = shared if share_prefix else 0
+    prefix_cache = _new_cache(model)
+    if shared > 0:
+        _last_logits(model, clean[:, :shared], chunk_size=chunk_size, cache=prefix_cache)
+
+    z_clean: dict[int, list[Tensor]] = {}
+
+    def keep_z(x: Tensor, hook: Any) -> None:  # positions [shared, P) of the clean run
+        z_clean.setdefault(int(hook.name.split(".")[1]), []).append(x[0].detach())
+
+    clean_logits = _last_logits(
+        model, clean, chunk_size=chunk_size, start=shared, cache=_copy_cache(prefix_cache),
+        fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep_z) for l in range(L)])
+    z = {l: torch.cat(parts) for l, parts in z_clean.items()}  # [pos - shared, H, d_head]
+    gold = max(sorted(golds), key=lambda t: float(clean_logits[0, t]))
+    corr_logits = _last_logits(model, corr, chunk_size=chunk_size, start=shared,
+                               cache=_copy_cache(prefix_cache))[0]
+    masked = corr_logits.clone()
+    masked[gold] = float("-inf")
+    cf = int(masked.argmax())
+    m_corr = float(_logit_diff(corr_logits, gold, cf))
+
+    heads = [(l, h) for l in range(L) for h in range(H)]
+    cri = torch.zeros(L, H, dtype=torch.float64)
+    state = {"start": shared}
+    n_forwards = 2
+    for b0 in range(0, len(heads), batch_size):
+        batch = heads[b0 : b0 + batch_size]
+        by_layer: dict[int, list[tuple[int, int]]] = {}
+        for i, (l, h) in enumerate(batch):
+            by_layer.setdefault(l, []).append((i, h))
+
+        hooks = [(f"blocks.{l}.attn.hook_z", head_patch_hook(z[l], pairs, state, shared))
+                 for l, pairs in by_layer.items()]
+        ids = corr.expand(len(batch), -1).contiguous()  # batch axis = patched heads
+        logits = _last_logits(model, ids, chunk_size=chunk_size, start=shared,
+                              cache=_copy_cache(prefix_cache, len(batch)), fwd_hooks=hooks,
+                              state=state)
+        n_forwards += 1
+        m = _logit_diff(logits, gold, cf) - m_corr
+        for i, (l, h) in enumerate(batch):
+            cri[l, h] = float(m[i])
+    record.update({
+        "accepted": True, "gold": gold, "counterfactual": cf, "prefix_len": len(prefix),
+        "metric_clean": float(_logit_diff(clean_logits[0], gold, cf)),
+        "metric_corrupted": m_corr, "scores": {"cri": cri.tolist()},
+        "n_forwards": n_forwards, "shared_prefix": shared,
+    })
+    return record
+
+
+def patch_heads(
+    model: Any,
+    trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
+    *,
+    corruption: Corruption = "filler",
+    batch_size: int | None = None,
+    chunk_size: int = 1024,
+    answer_position: AnswerPosition = "generated",
+    max_new_tokens: int = 50,
+    filler: str | Sequence[int] = DEFAULT_FILLER,
+    swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    on_resume: Callable[[int, int], None] | None = None,
+    extend: bool = False,
+) -> HeadScores:
+    """Causal retrieval importance of every head (docs/concepts.md), over trials.
+
+    Args:
+        model: a TransformerBridge.
+        trials: retrieval trials.
+        corruption: ``"filler"`` (default) or ``"name_swap"`` (see :func:`corrupt_tokens`).
+        batch_size: heads patched per batched forward (memory grows linearly with it:
+            the bridge's eager attention holds ``batch x n_heads x chunk x N`` scores);
+            default :func:`default_batch_size` (16 on a GPU, 1 on CPU).
+        chunk_size: query positions per forward (KV-cache prefill).
+        answer_position: ``"generated"``: the metric is read before the first answer
+            token of the clean run's greedy response (trials whose response lacks the
+            answer are dropped); ``"prompt_end"``: at the last prompt token, gold = the
+            first token of the answer (teacher forcing).
+        max_new_tokens: greedy budget to find the answer (``"generated"``).
+        filler, swap_names: see :func:`corrupt_tokens`.
+        out_dir: run directory (``trials.jsonl``, ``meta.json``); resumable.
+        progress: tqdm bar over trials.
+        on_resume: with ``out_dir``, called once before any patching as
+            ``on_resume(n_reused, n_trials)`` (its own reuse rule; ``locos patch``
+            prints it).
+        extend: let ``out_dir`` hold a run over a subset of ``trials`` (grow a run from
+            3 to 20 trials keeping the 3 finished ones); a run over trials outside
+            ``trials`` is still refused.
+
+    Returns:
+        ``HeadScores(method="cri")``: ``[n_trials, n_layers, n_heads]`` per-trial CRI in
+        logits (gold minus counterfactual logit gained by patching the head); meta counts
+        dropped trials.
+
+    Raises:
+        ValueError: unknown corruption or answer position.
+        TrialError: ``trials`` is one bare Trial (pass a list) or holds a
+            non-Trial; a trial does not fit the model (the prompt, plus ``max_new_tokens``
+            with ``"generated"``) or cannot be corrupted.
+        LocosError: ``out_dir`` holds a run with other settings or another trial set
+            (with ``extend``: over a trial that is not in ``trials``).
+
+    Warns:
+        RuntimeWarning: no trial was usable (every CRI is NaN).
+    """
+    if answer_position not in get_args(AnswerPosition):
+        raise ValueError(f"unknown answer_position {answer_position!r}; use one of "
+                         f"{list(get_args(AnswerPosition))}")
+    if corruption not in CORRUPTIONS:
+        raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
+    trials = as_trial_list(trials, "patch_heads")
+    # "prompt_end" reads the last prompt position and generates nothing: only the prompt
+    # must fit (with max_new_tokens=1 the check is N <= n_ctx)
+    check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)
+    if batch_size is None:
+        batch_size = default_batch_size(next(model.original_model.parameters()).device)
+    settings = {"model": model_name(model), "dtype": model_dtype(model), "method": "cri",
+                "corruption": corruption, "filler": filler if isinstance(filler, str)
+                else [int(x) for x in filler], "swap_names": list(swap_names),
+                "answer_position": answer_position, "max_new_tokens": max_new_tokens,
+                "batch_size": batch_size, "n_trials": len(trials),
+                "trial_set_hash": trial_set_hash(trials)}
+    store = (RecordStore(out_dir, settings, RESUME_KEYS,
+                         extend_to={t.trial_id for t in trials} if extend else None)
+             if out_dir is not None else None)
+    meta = provenance(model, settings)
+    if store is not None:
+        store.write_meta(meta)
+    reused = [store.get(t.trial_id) if store is not None else None for t in trials]
+    if on_resume is not None and store is not None:
+        on_resume(sum(r is not None for r in reused), len(trials))
+    records = []
+    for t, rec in zip(tqdm(trials, desc="patching heads", unit="trial",
+                           disable=not progress), reused, strict=True):
+        if rec is None:
+            rec = cri_trial(model, t, corruption=corruption, batch_size=batch_size,
+                            chunk_size=chunk_size, answer_position=answer_position,
+                            max_new_tokens=max_new_tokens, filler=filler, swap_names=swap_names)
+            if store is not None:
+                store.append(rec)
+        records.append(rec)
+    counts = {"n_trials": len(records), "n_accepted": sum(bool(r["accepted"]) for r in records),
+              "n_dropped_no_answer_step": sum(r["dropped"] == "no_answer_step" for r in records)}
+    if records and counts["n_accepted"] == 0:
+        warnings.warn(
+            f"patch_heads: no usable trial: 0 of {counts['n_trials']} "
+            f"({counts['n_dropped_no_answer_step']} greedy responses lack the answer within "
+            f"max_new_tokens={max_new_tokens}); every CRI is NaN and rankings refuse. Use "
+            "trials the model answers, or answer_position='prompt_end'",
+            RuntimeWarning, stacklevel=2)
+    return HeadScores.from_records(records, "cri", n_layers=int(model.cfg.n_layers),
+                                   n_heads=int(model.cfg.n_heads), meta={**meta, **counts})
+

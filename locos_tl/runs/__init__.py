@@ -1,0 +1,1 @@
+"""Run bookkeeping: the trial runner, executors, run directories, records, provenance."""

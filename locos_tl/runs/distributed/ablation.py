@@ -1,0 +1,100 @@
+"""Greedy generations under head ablation on Ray workers (``evaluate(..., workers=N)``,
+``locos ablate --workers N``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from locos_tl.runs.distributed.hosts import ModelHost, model_pool_for
+from locos_tl.runs.distributed.pool import RayPool, ResultEvent
+from locos_tl.runs.distributed.ray_glue import require_ray
+
+
+@dataclass(frozen=True)
+class AblatedGenerationTask:
+    """One greedy generation of ``trial`` with ``heads`` ablated (``mode``), run on a
+    :class:`ModelHost`; returns ``{"response", "generated", "stopped_by"}``.
+
+    The ablation acts at every position: the prompt is prefilled on the SDPA twin with
+    the same hooks as module hooks, or through the bridge (see
+    :func:`locos_tl.engine.ablation.ablate`, :mod:`locos_tl.engine.interventions`).
+    """
+
+    heads: tuple[tuple[int, int], ...]
+    mode: str
+    means: Any
+    trial: Any
+    max_new_tokens: int
+    stop_at_newline: bool = True
+    chunk_size: int = 1024
+    stop_rule: str = "newline_token"
+    thinking: bool = True
+
+    def __call__(self, host: ModelHost) -> dict[str, Any]:
+        from locos_tl.engine.ablation import ablate
+        from locos_tl.engine.decode import greedy_decode
+
+        with ablate(host.model, list(self.heads), self.mode, means=self.means):  # type: ignore[arg-type]
+            res = greedy_decode(host.model, self.trial.tokens,
+                                max_new_tokens=self.max_new_tokens,
+                                stop_at_newline=self.stop_at_newline, prefill_mode="auto",
+                                chunk_size=self.chunk_size,
+                                stop_rule=self.stop_rule,  # type: ignore[arg-type]
+                                thinking=self.thinking)
+        return {"response": res.text, "generated": res.generated, "stopped_by": res.stopped_by}
+
+
+def generate_ablated_distributed(
+    model: Any,
+    items: Sequence[tuple[Sequence[tuple[int, int]], Any]],
+    *,
+    mode: str,
+    means: Any = None,
+    max_new_tokens: int = 100,
+    stop_at_newline: bool = True,
+    chunk_size: int = 1024,
+    stop_rule: str = "newline_token",
+    thinking: bool = True,
+    workers: int = 2,
+    ray_address: str | None = None,
+    load_kwargs: dict[str, Any] | None = None,
+    pool: RayPool | None = None,
+    on_result: Callable[[ResultEvent], None] | None = None,
+    progress: bool = True,
+    **pool_kwargs: Any,
+) -> list[dict[str, Any]]:
+    """Greedy generations under head ablation, ``(heads, trial)`` items spread over Ray
+    workers (the engine of ``evaluate(..., workers=N)`` / ``locos ablate --workers N``).
+
+    Args:
+        model: hub name, local directory, or a loaded bridge (its path and dtype are
+            used); ignored when ``pool`` is given.
+        items: ``(heads, trial)`` pairs: the ``(layer, head)`` list to ablate (empty: no
+            ablation) and the :class:`~locos_tl.trials.Trial` to generate for.
+        mode, means: see :func:`locos_tl.engine.ablation.ablate`.
+        max_new_tokens, stop_at_newline, chunk_size, stop_rule, thinking: see
+            :func:`locos_tl.engine.decode.greedy_decode`.
+        workers, ray_address, load_kwargs, pool, **pool_kwargs: as in
+            :func:`score_trials_distributed`.
+        on_result: driver-side callback as each generation arrives (write the
+            resumable record there); ``ev.index`` indexes ``items``.
+        progress: show a tqdm bar.
+
+    Returns:
+        One ``{"response", "generated", "stopped_by"}`` dict per item, in order.
+
+    Raises:
+        DistributedError: Ray missing, every worker died, or an item keeps crashing
+            workers.
+    """
+    require_ray()
+    tasks = [AblatedGenerationTask(tuple((int(a), int(b)) for a, b in heads), mode, means,
+                                   trial, max_new_tokens, stop_at_newline, chunk_size,
+                                   stop_rule, thinking)
+             for heads, trial in items]
+    with model_pool_for(model, pool, workers=workers, ray_address=ray_address,
+                         load_kwargs=load_kwargs, **pool_kwargs) as pool:
+        return pool.map(tasks, on_result=on_result, progress=progress,
+                        desc=f"ablation ({mode}, {pool.n_workers} workers)")

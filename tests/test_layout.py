@@ -1,0 +1,119 @@
+"""The package's folders follow the pipeline: each imports only from the layers below it,
+no module imports itself back through others, and every public name stays importable."""
+
+from __future__ import annotations
+
+import ast
+import warnings
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[1] / "locos_tl"
+#: layer of each top-level part of the package (the root's ``__init__`` is the public API
+#: and may import anything, lazily)
+LAYERS = {
+    "errors": 0, "trials": 0, "heads": 0, "head_spec": 0, "acceptance": 0, "tokenize": 0,
+    "models": 1, "engine": 2, "detectors": 3, "runs": 4, "experiments": 5,
+    "data": 6, "plot": 6, "organisms": 6, "cli": 7,
+}
+#: every public name of ``locos_tl`` (``locos_tl.__all__``) as of the package layout's
+#: introduction; a name may be added, never removed (a renamed one stays as an alias)
+PUBLIC = [
+    "ablate", "AblationMeans", "answer_steps", "build_arithmetic_trials",
+    "build_niah_trials", "build_nolima_trials", "build_parametric_trials",
+    "calibrate_means", "compare_rankings", "corrupt_tokens", "DataFormatError",
+    "DecodeResult", "DecodeStep", "DETECTORS", "dissociation_score", "evaluate",
+    "expand_needle_set", "get_detector", "greedy_decode", "head_label", "HeadScores",
+    "HeadSpecError", "load_evaluation", "load_haystacks", "load_model", "load_needle_set",
+    "load_niah_probes", "load_trials", "LocosError", "ModelLoadError", "parse_heads",
+    "passes_gate", "patch_heads", "phi_layer", "phi_tensor", "plot", "random_heads",
+    "rouge1_recall", "rougeL_f", "save_trials", "score_trials", "spatial_contrast", "Trial",
+    "TrialError",
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        parts = list(rel.parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(path: Path) -> set[str]:
+    """Every ``locos_tl`` module a file imports, at any depth (function bodies too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            if node.module.startswith("locos_tl"):
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("locos_tl"))
+    return found
+
+
+def _part(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def test_no_import_from_a_higher_layer():
+    modules = _modules()
+    bad = []
+    for name, path in modules.items():
+        here = _part(name)
+        if here is None:  # locos_tl/__init__.py: the public API
+            continue
+        for target in _imports(path):
+            there = _part(target)
+            if there is None or there not in LAYERS or target not in modules:
+                continue
+            if LAYERS[there] > LAYERS[here]:
+                bad.append(f"{name} -> {target}")
+    assert not bad, "imports from a higher layer:\n" + "\n".join(sorted(bad))
+
+
+def test_no_import_cycles():
+    modules = _modules()
+    graph = {n: {t for t in _imports(p) if t in modules and t != n and t != "locos_tl"}
+             for n, p in modules.items() if n != "locos_tl"}
+    seen, stack, cycles = set(), [], []
+
+    def visit(n: str) -> None:
+        if n in stack:
+            cycles.append(stack[stack.index(n):] + [n])
+            return
+        if n in seen:
+            return
+        seen.add(n)
+        stack.append(n)
+        for m in sorted(graph.get(n, ())):
+            # a package's __init__ re-exporting its own modules is no cycle
+            if not m.startswith(n + "."):
+                visit(m)
+        stack.pop()
+
+    for n in sorted(graph):
+        visit(n)
+    assert not cycles, "import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_root_holds_the_api_and_core_types_only():
+    root = sorted(p.stem for p in PKG.glob("*.py"))
+    assert len(root) <= 8, root
+    assert set(root) - {"__init__"} <= {k for k, v in LAYERS.items() if v == 0}
+
+
+@pytest.mark.parametrize("name", PUBLIC)
+def test_every_public_name_is_importable(name):
+    import locos_tl
+
+    assert name in locos_tl.__all__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        assert getattr(locos_tl, name) is not None
