@@ -531,7 +531,7 @@ on a real pretrained LLM, **SmolLM2-135M-Instruct** (Llama architecture, 30 laye
 heads, 3 kv heads; 4-bit Q4_1 weights dequantized to float32, fetched offline with
 `locos models fetch smollm2-135m-instruct`).
 
-The numbers come from `benchmarks/real_models.py` (one resumable command; the full
+The numbers come from `locos reproduce` (one resumable command; the full
 protocol is GPU-sized) and are stored in `docs/real_models/smollm2/`, so this notebook
 runs in seconds. `docs/real_models.md` reports them beside the paper's Qwen3-8B numbers,
 with what holds and what does not, and the command that made them.

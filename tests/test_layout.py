@@ -14,8 +14,8 @@ PKG = Path(__file__).resolve().parents[1] / "locos_tl"
 #: and may import anything, lazily)
 LAYERS = {
     "errors": 0, "trials": 0, "heads": 0, "head_spec": 0, "acceptance": 0, "tokenize": 0,
-    "models": 1, "engine": 2, "detectors": 3, "runs": 4, "experiments": 5,
-    "data": 6, "plot": 6, "organisms": 6, "cli": 7,
+    "models": 1, "data": 2, "engine": 2, "organisms": 3, "detectors": 3, "plot": 4,
+    "runs": 5, "experiments": 6, "cli": 7,
 }
 #: every public name of ``locos_tl`` (``locos_tl.__all__``) as of the package layout's
 #: introduction; a name may be added, never removed (a renamed one stays as an alias)

@@ -1,11 +1,12 @@
-"""benchmarks/real_models.py: when the trial files are rebuilt (growing a run), the
-ablation workers' niceness, the resumable compression sweep, the report's tables, what
-is published and resuming a published run elsewhere."""
+"""The paper's protocol (`locos reproduce`, :mod:`locos_tl.experiments.protocol`): when
+the trial files are rebuilt (growing a run), the ablation workers' niceness, the
+resumable compression sweep, the report's tables, what is published and resuming a
+published run elsewhere."""
 
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
+import importlib
 import json
 from pathlib import Path
 
@@ -14,15 +15,42 @@ import pandas as pd
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "real_models.py"
+#: in dependency order: a name is found in the module that defines it
+PARTS = ("common", "tables", "stages", "causal", "report", "main")
+
+
+class _Protocol:
+    """The protocol's modules as one namespace (``util`` is its helpers' module, where a
+    test patches ``_load``)."""
+
+    def __init__(self) -> None:
+        mods = [importlib.import_module(f"locos_tl.experiments.protocol.{p}") for p in PARTS]
+        object.__setattr__(self, "_mods", mods)
+
+    def _home(self, name: str):
+        for m in self._mods:
+            if name in vars(m):
+                return m
+        raise AttributeError(name)
+
+    def __getattr__(self, name: str):
+        return getattr(self._home(name), name)
+
 
 
 @pytest.fixture(scope="module")
 def script():
-    spec = importlib.util.spec_from_file_location("real_models_script", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return _Protocol()
+
+
+def test_benchmark_script_is_a_wrapper_of_the_library_command():
+    import runpy
+
+    source = (Path(__file__).resolve().parents[1] / "benchmarks" / "real_models.py")
+    ns = runpy.run_path(str(source), run_name="not_main")
+    from locos_tl.experiments.protocol.main import main
+
+    assert ns["main"] is main and len(source.read_text().splitlines()) < 15
 
 
 def test_trials_rebuilt_only_when_an_option_they_depend_on_changes(script, tmp_path) -> None:
@@ -53,7 +81,7 @@ def test_ablation_workers_run_at_nice_0(script, tmp_path, monkeypatch, workers) 
 
     calls = []
     monkeypatch.setattr(lt, "evaluate", lambda model, trials, sets, **kw: calls.append(kw))
-    monkeypatch.setattr(script, "_load", lambda path: [])
+    monkeypatch.setattr(script.util, "_load", lambda path: [])
     args = script.parse_args(["--model", "smollm2-135m-instruct", "--out", str(tmp_path),
                               "--workers", str(workers), "--questions", "direct"])
     script.ablate(None, args, tmp_path, {}, means=None)
@@ -77,7 +105,7 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     calls = []
     monkeypatch.setattr(lt, "evaluate",
                         lambda model, trials, sets, **kw: calls.append((sets, kw)))
-    monkeypatch.setattr(script, "_load", lambda path: [])
+    monkeypatch.setattr(script.util, "_load", lambda path: [])
     argv = ["--model", "smollm2-135m-instruct", "--out", str(tmp_path), "--questions",
             "onehop", "--eval-lengths", "2000", "--methods", "baseline"]
     args = script.parse_args(argv)
@@ -109,7 +137,7 @@ def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monk
         meta: dict
 
     pool = {q: [Trial(f"{q}{i}", {}) for i in range(6)] for q in ("onehop", "direct")}
-    monkeypatch.setattr(script, "_load", lambda path: pool[path.stem.split("_")[1]])
+    monkeypatch.setattr(script.util, "_load", lambda path: pool[path.stem.split("_")[1]])
     calls = []
 
     def sweep(model, trials, rankings, fractions, **kw):
@@ -389,7 +417,7 @@ def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
         return {m: m for m in methods}
 
     monkeypatch.setattr(lt, "score_trials", score)
-    monkeypatch.setattr(script, "_load", lambda path: [])
+    monkeypatch.setattr(script.util, "_load", lambda path: [])
     args = script.parse_args(["--out", str(tmp_path)])
     assert (args.niah_max_new_tokens, args.max_new_tokens, args.eval_max_new_tokens) == (50, 16, 16)
     res = script.detect(None, args, tmp_path)

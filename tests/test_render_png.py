@@ -1,5 +1,5 @@
 """``docs/scripts/render_figures.save_png``, the PNG export of the docs' figures and of
-``benchmarks/real_models.py``: without kaleido it screenshots the figure in headless
+``locos reproduce``: without kaleido it screenshots the figure in headless
 Chromium. Its own module: Playwright's sync API cannot start inside another sync run
 (``test_browser.py`` keeps one open for its module). Needs what ``test_browser.py``
 needs; skipped, or failed under ``LOCOS_REQUIRE_BROWSER=1``, without it.

@@ -15,7 +15,7 @@ from typer.core import TyperGroup
 
 # `locos --help` lists the commands in the order of the workflow, not of registration
 WORKFLOW_ORDER = ("models", "build-trials", "score", "ablate", "patch", "compress", "calibrate",
-                  "demo", "train-organism")
+                  "reproduce", "demo", "train-organism")
 
 
 class HelpGroup(TyperGroup):
@@ -58,5 +58,6 @@ from locos_tl.cli import compress as _compress  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
 from locos_tl.cli import models as _models  # noqa: E402,F401
 from locos_tl.cli import organism as _organism  # noqa: E402,F401
+from locos_tl.cli import reproduce as _reproduce  # noqa: E402,F401
 from locos_tl.cli import score as _score  # noqa: E402,F401
 from locos_tl.cli import trials as _trials  # noqa: E402,F401

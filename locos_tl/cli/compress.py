@@ -159,13 +159,11 @@ def with_query_start(trials: list[Any], query_start: int | None) -> list[Any]:
 
 
 def ranking_hash(hs: Any) -> str:
-    """SHA-256 (16 hex digits) of a ranking's scores, to tell runs apart."""
-    import hashlib
+    """:func:`locos_tl.experiments.compress.sweep.ranking_hash` (imported on use: the CLI
+    starts without torch)."""
+    from locos_tl.experiments.compress.sweep import ranking_hash as digest
 
-    import numpy as np
-
-    arr = np.ascontiguousarray(hs.scores.detach().cpu().numpy().astype(np.float64))
-    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]
+    return digest(hs)
 
 
 def check_compress_resume(out: Path, settings: dict[str, Any], *,

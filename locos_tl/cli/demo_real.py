@@ -28,8 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-#: The haystack shipped with locos_tl (self-written prose, about 2,500 words, no names).
-DEFAULT_HAYSTACK = Path(__file__).parents[1] / "data" / "haystacks" / "everyday_prose.txt"
+from locos_tl.data.haystack import PROSE_HAYSTACK as DEFAULT_HAYSTACK
+
 #: Question types of the demo: (run directory, label).
 QUESTION_TYPES = (("direct", "literal (direct)"), ("onehop", "non-literal (onehop)"))
 #: Greedy budget: the answers are one short sentence ("The character who ... is Yuki.").

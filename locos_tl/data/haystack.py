@@ -17,6 +17,10 @@ from locos_tl.errors import DataFormatError
 
 # A sentence ends with . ! or ? (optionally followed by closing quotes/brackets) and
 # whitespace; a paragraph break (blank line) also starts a new sentence.
+#: The haystack shipped with locos_tl: self-written plain prose, about 2,500 words, no
+#: named people (the real-model demo and the protocol's detection trials).
+PROSE_HAYSTACK = Path(__file__).parent / "haystacks" / "everyday_prose.txt"
+
 _LINE_WRAP = re.compile(r"(?<![\n])[ \t]*\n[ \t]*(?![\n \t])")
 _SENTENCE_END = re.compile(r"[.!?][\"'\u201d\u2019)\]]*\s+|\n[ \t]*\n\s*")
 

@@ -194,3 +194,11 @@ def compression_sweep(
                       "every unit keeps about the same shrunk window (column below_floor)",
                       UserWarning, stacklevel=2)
     return df
+
+
+def ranking_hash(hs: Any) -> str:
+    """SHA-256 (16 hex digits) of a ranking's scores, to tell runs apart."""
+    import hashlib
+
+    arr = np.ascontiguousarray(hs.scores.detach().cpu().numpy().astype(np.float64))
+    return hashlib.sha256(arr.tobytes()).hexdigest()[:16]

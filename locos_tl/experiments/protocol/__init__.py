@@ -1,0 +1,1 @@
+"""The paper's protocol on a real model: stages, tables, report (`locos reproduce`)."""

@@ -1,0 +1,203 @@
+"""The protocol's stages before the report: trials, detection, calibration, the ablation
+grid (:mod:`locos_tl.experiments.protocol`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from locos_tl.experiments.protocol import common as util
+from locos_tl.experiments.protocol.common import (
+    DETECT_DEPTHS,
+    DETECT_SEED,
+    DETECTORS,
+    EVAL_DEPTHS,
+    EVAL_SEED,
+    _baseline_only,
+    _ints,
+    _names,
+    _questions,
+    rankings_for_ablation,
+)
+
+
+def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
+    import locos_tl as lt
+    from locos_tl.data.hub import load_tokenizer
+    from locos_tl.data.prompt import PromptBuilder
+
+    tok = load_tokenizer(args.model)  # the checkpoint's own tokenizer, as the CLI builds
+    data = Path(args.data_dir)
+    books = data / "haystack"
+    detect_hay = lt.load_haystacks([_detect_haystack(args, books)])
+    eval_hay = lt.load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
+    entries = lt.load_needle_set(args.needle_set)
+    chat = args.template == "chat"
+    builder = PromptBuilder(tok)
+    # chat models: NoLiMa's chat-style task template; base models: the completion one
+    kw = {"template": "completion" if args.template == "completion" else "default"}
+    for qtype in ("onehop", "direct"):
+        items = lt.expand_needle_set(entries, [qtype])
+        det = lt.build_nolima_trials(
+            tok, [_names(i, 0) for i in items], detect_hay, lengths=[args.detect_length],
+            depths=DETECT_DEPTHS, num_examples=args.n_detect, chat_template=chat,
+            seed=DETECT_SEED, builder=builder, **kw)
+        util._save(det, out / "trials" / f"detect_{qtype}.jsonl")
+        for length in _ints(args.eval_lengths):
+            ev = lt.build_nolima_trials(
+                tok, [_names(i, 1) for i in items], eval_hay, lengths=[length],
+                depths=EVAL_DEPTHS, num_examples=args.n_eval, chat_template=chat,
+                seed=EVAL_SEED, builder=builder, **kw)
+            util._save(ev, out / "trials" / f"eval_{qtype}_{length}.jsonl")
+    probes = lt.load_niah_probes(data / "niah_needles.jsonl")
+    niah = lt.build_niah_trials(tok, probes, detect_hay, lengths=[args.detect_length],
+                                depths=DETECT_DEPTHS, num_examples=args.n_niah,
+                                chat_template=chat, seed=DETECT_SEED, builder=builder)
+    util._save(niah, out / "trials" / "detect_niah.jsonl")
+    n_ctx = int(model.cfg.n_ctx)
+    par = lt.build_parametric_trials(tok, n=args.n_control, seed=EVAL_SEED,
+                                     chat_template=chat, n_ctx=n_ctx)
+    ari = lt.build_arithmetic_trials(tok, n=args.n_control, seed=EVAL_SEED,
+                                     chat_template=chat, n_ctx=n_ctx)
+    util._save(par, out / "trials" / "control_parametric.jsonl")
+    util._save(ari, out / "trials" / "control_arithmetic.jsonl")
+    # calibration text: raw book text from the evaluation books (no template, no BOS)
+    text = " ".join(h.text for h in eval_hay)
+    step = max(1, len(text) // args.n_calibration)
+    prompts = [text[i * step:i * step + args.calibration_chars]
+               for i in range(args.n_calibration)]
+    cal = out / "trials" / "calibration.json"
+    if cal.exists() and json.loads(cal.read_text()) != prompts:
+        (out / "means.safetensors").unlink(missing_ok=True)  # other prompts: recalibrate
+    cal.write_text(json.dumps(prompts))
+
+
+#: the options the trial files depend on (a change rebuilds them). The NoLiMa samples
+#: nest, so a larger ``--n-eval`` keeps every finished generation of the smaller one, and
+#: a larger ``--n-cri`` every patched trial; other changes (``--n-detect``, ``--n-niah``,
+#: ``--n-control``: the parametric sample does not nest) are refused by the stage's run
+#: directory: use a new ``--out``
+TRIAL_OPTIONS = ("model", "needle_set", "template", "data_dir", "detect_length",
+                 "detect_haystack",
+                 "n_detect", "n_eval", "n_niah", "n_control", "eval_lengths",
+                 "n_calibration", "calibration_chars")
+
+
+def _trial_sizes(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: getattr(args, k) for k in TRIAL_OPTIONS}
+
+
+def _trials_changed(out: Path, args: argparse.Namespace) -> bool:
+    """True when the trial files are missing or were built with other options."""
+    done = out / "stages" / "trials.done"
+    if not done.exists():
+        return True
+    old = json.loads(done.read_text()).get("sizes")
+    if old is None:  # a run from before sizes were recorded: rebuild (deterministic)
+        return True
+    new = _trial_sizes(args)
+    if old != new:
+        changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
+        print(f"trials: rebuilt for changed options {changed}")  # noqa: T201
+        return True
+    return False
+
+
+def _detect_haystack(args: argparse.Namespace, books: Path) -> Path:
+    """``--detect-haystack``: ``dracula`` (the shared book), ``prose`` (the self-written
+    haystack shipped with locos_tl, no named people) or a file."""
+    if args.detect_haystack == "dracula":
+        return books / "dracula_part1.txt"
+    if args.detect_haystack == "prose":
+        from locos_tl.data.haystack import PROSE_HAYSTACK
+
+        return PROSE_HAYSTACK
+    return Path(args.detect_haystack)
+
+
+def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+    import locos_tl as lt
+
+    trials = util._load(out / "trials" / "detect_onehop.jsonl")
+    res = lt.score_trials(model, trials, methods=list(DETECTORS), out_dir=out / "detect",
+                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    niah = util._load(out / "trials" / "detect_niah.jsonl")
+    wu_niah = lt.score_trials(model, niah, methods=["wu"], out_dir=out / "detect_niah",
+                              max_new_tokens=args.niah_max_new_tokens,
+                              batch_size=args.batch_size)
+    res = dict(res)
+    res["wu_niah"] = wu_niah["wu"]
+    return res
+
+
+def load_rankings(out: Path) -> dict[str, Any]:
+    from locos_tl.runs.rundir import load_head_scores
+
+    res = {m: load_head_scores(out / "detect", m) for m in DETECTORS}
+    res["wu_niah"] = load_head_scores(out / "detect_niah", "wu")
+    return res
+
+
+def calibrate(model: Any, args: argparse.Namespace, out: Path) -> Any:
+    import locos_tl as lt
+
+    path = out / "means.safetensors"
+    if path.exists():
+        return lt.AblationMeans.load(path)
+    prompts = json.loads((out / "trials" / "calibration.json").read_text())
+    means = lt.calibrate_means(model, prompts, max_tokens=args.calibration_tokens,
+                               progress=True)
+    means.save(path)
+    return means
+
+
+#: Ray runs its worker processes at nice 15, so any other process on the machine takes
+#: their CPU; the sweep's workers do all of its work, so they run at the default 0
+RAY_NICE_0 = {"runtime_env": {"env_vars": {"RAY_worker_niceness": "0"}}}
+
+
+def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any],
+           means: Any) -> None:
+    import locos_tl as lt
+
+    head_sets = rankings_for_ablation(scores, args.methods)
+    ks = _ints(args.ks)
+    common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
+                  bottom="locos", max_new_tokens=args.eval_max_new_tokens,
+                  workers=args.workers, extend=True)  # --n-eval may grow (nested)
+    if _baseline_only(args.methods):
+        common.update(random=False, bottom=None)
+    if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
+        common["ray_init_kwargs"] = RAY_NICE_0
+    for length in _ints(args.eval_lengths):
+        for qtype in _questions(args):
+            trials = util._load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
+            lt.evaluate(model, trials, head_sets, scorer="nolima",
+                        out_dir=out / "ablate" / f"{qtype}_{length}", **common)
+    # the controls may run a subset of the (k, seed) grid (``--control-ks``,
+    # ``--control-seeds``): DS(k) is reported where both sides exist
+    control = {**common, "max_new_tokens": 16,
+               "k": _ints(args.control_ks or args.ks),
+               "seeds": _ints(args.control_seeds or args.random_seeds)}
+    for name in ("parametric", "arithmetic"):
+        trials = util._load(out / "trials" / f"control_{name}.jsonl")
+        lt.evaluate(model, trials, head_sets, scorer="control",
+                    out_dir=out / "ablate" / f"control_{name}", **control)
+
+
+def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
+             control: bool = False) -> dict[tuple[str, int, int], str]:
+    """(method, k, seed) -> head-set key, from the same jobs :func:`ablate` ran (with
+    ``control``: the control runs' grid, ``--control-ks`` and ``--control-seeds``)."""
+    from locos_tl.experiments.evaluate import build_jobs
+
+    ks, seeds = args.ks, args.random_seeds
+    if control:
+        ks, seeds = args.control_ks or ks, args.control_seeds or seeds
+    only = _baseline_only(args.methods)
+    jobs = build_jobs(rankings_for_ablation(scores, args.methods), _ints(ks),
+                      n_layers=L, n_heads=H, seeds=_ints(seeds), random=not only,
+                      bottom=None if only else "locos")
+    return {(j.method, j.k, j.seed): j.key for j in jobs}
