@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     means = lt.AblationMeans.load(args.run / "means.safetensors")
     trials = lt.load_trials(args.run / "trials" / f"eval_{args.trials}.jsonl")
     scratch = args.run / "recheck" / args.trials
-    lt.evaluate(model, trials, head_sets, k=sorted({len(h) for h in head_sets.values()}),
+    lt.ablation_sweep(model, trials, head_sets, k=sorted({len(h) for h in head_sets.values()}),
                 means=means, random=False, bottom=None, scorer="nolima", out_dir=scratch,
                 max_new_tokens=args.max_new_tokens, workers=args.workers)
     same = differ = 0

@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 # public name -> (module, attribute in that module; None: the module itself)
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ablate": ("locos_tl.engine.ablation", "ablate"),
+    "ablation_sweep": ("locos_tl.experiments.evaluate", "ablation_sweep"),
     "AblationMeans": ("locos_tl.engine.ablation", "AblationMeans"),
     "answer_steps": ("locos_tl.engine.answers", "answer_steps"),
     "build_arithmetic_trials": ("locos_tl.data", "build_arithmetic_trials"),
@@ -29,6 +30,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "build_parametric_trials": ("locos_tl.data", "build_parametric_trials"),
     "calibrate_means": ("locos_tl.engine.ablation", "calibrate_means"),
     "compare_rankings": ("locos_tl.experiments.compare", "compare_rankings"),
+    "compression_sweep": ("locos_tl.experiments.compress", "compression_sweep"),
     "corrupt_tokens": ("locos_tl.experiments.patching", "corrupt_tokens"),
     "DataFormatError": ("locos_tl.errors", "DataFormatError"),
     "DecodeResult": ("locos_tl.engine.decode", "DecodeResult"),
@@ -40,10 +42,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "get_detector": ("locos_tl.detectors", "get_detector"),
     "greedy_decode": ("locos_tl.engine.decode", "greedy_decode"),
     "head_label": ("locos_tl.heads", "head_label"),
+    "kv_budgets": ("locos_tl.experiments.compress", "kv_budgets"),
     "HeadScores": ("locos_tl.heads", "HeadScores"),
     "HeadSpecError": ("locos_tl.errors", "HeadSpecError"),
     "load_evaluation": ("locos_tl.experiments.run_table", "load_evaluation"),
     "load_haystacks": ("locos_tl.data", "load_haystacks"),
+    "load_head_scores": ("locos_tl.runs.rundir", "load_head_scores"),
     "load_model": ("locos_tl.models.load", "load_model"),
     "load_needle_set": ("locos_tl.data", "load_needle_set"),
     "load_niah_probes": ("locos_tl.data", "load_niah_probes"),
@@ -66,8 +70,12 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TrialError": ("locos_tl.errors", "TrialError"),
 }
 
+#: renamed public names: old name -> new name (the old one still works, and warns)
+_DEPRECATED: dict[str, str] = {"evaluate": "ablation_sweep"}
+
 __all__ = [
     "ablate",
+    "ablation_sweep",
     "AblationMeans",
     "answer_steps",
     "build_arithmetic_trials",
@@ -76,6 +84,7 @@ __all__ = [
     "build_parametric_trials",
     "calibrate_means",
     "compare_rankings",
+    "compression_sweep",
     "corrupt_tokens",
     "DataFormatError",
     "DecodeResult",
@@ -87,10 +96,12 @@ __all__ = [
     "get_detector",
     "greedy_decode",
     "head_label",
+    "kv_budgets",
     "HeadScores",
     "HeadSpecError",
     "load_evaluation",
     "load_haystacks",
+    "load_head_scores",
     "load_model",
     "load_needle_set",
     "load_niah_probes",
@@ -126,6 +137,13 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'locos_tl' has no attribute {name!r}") from None
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)
+    if name in _DEPRECATED:  # warn on every use: never cached
+        import warnings
+
+        warnings.warn(f"locos_tl.{name} is renamed locos_tl.{_DEPRECATED[name]}; the old "
+                      "name still works and will be removed in a later release",
+                      DeprecationWarning, stacklevel=2)
+        return value
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
@@ -160,11 +178,13 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         TrialError,
     )
     from locos_tl.experiments.compare import compare_rankings
-    from locos_tl.experiments.evaluate import dissociation_score, evaluate
+    from locos_tl.experiments.compress import compression_sweep, kv_budgets
+    from locos_tl.experiments.evaluate import ablation_sweep, dissociation_score, evaluate
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
     from locos_tl.experiments.run_table import load_evaluation
     from locos_tl.experiments.score import score_trials
     from locos_tl.head_spec import parse_heads
     from locos_tl.heads import HeadScores, head_label
     from locos_tl.models.load import load_model
+    from locos_tl.runs.rundir import load_head_scores
     from locos_tl.trials import Trial, load_trials, save_trials

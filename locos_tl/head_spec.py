@@ -1,7 +1,7 @@
 """One parser for every argument that names attention heads, and for head counts ``k``.
 
 Every function and command that takes heads (:func:`locos_tl.ablate`,
-:func:`locos_tl.evaluate` ``head_sets``, :func:`locos_tl.random_heads` ``exclude``, the
+:func:`locos_tl.ablation_sweep` ``head_sets``, :func:`locos_tl.random_heads` ``exclude``, the
 plot functions, ``locos ablate --heads``) goes through :func:`parse_heads` /
 :func:`parse_head`, so a head is written the same way everywhere and a malformed one is
 refused with one message (:data:`HEAD_FORMS`) instead of being read as something else.

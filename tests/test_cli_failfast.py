@@ -136,7 +136,7 @@ def test_ctrl_c_during_score_says_how_to_resume(monkeypatch, tiny_dirs, trials_f
 
 def test_ctrl_c_during_ablate_says_how_to_resume(monkeypatch, tiny_dirs, trials_file, tmp_path):
     evaluate_module = importlib.import_module("locos_tl.experiments.evaluate")  # the module, not
-    assert evaluate_module is sys.modules["locos_tl.experiments.evaluate"]  # locos_tl.evaluate()
+    assert evaluate_module is sys.modules["locos_tl.experiments.evaluate"]  # not the function
     HeadScores("locos", torch.randn(3, 2, 4)).save(tmp_path / "locos")
     real = evaluate_module.greedy_decode
     calls = []

@@ -124,22 +124,31 @@ def test_loader_reads_api_run_dirs(qwen3, own_answer_trials, tmp_path):
         load_head_scores(tmp_path / "empty")
 
 
-def test_api_rescore_with_fewer_methods_prunes(qwen3, own_answer_trials, tmp_path):
+def test_api_rescore_with_fewer_methods_keeps_the_others(qwen3, own_answer_trials, tmp_path):
+    """From Python as from `locos score`: a rescoring with fewer methods deletes nothing;
+    the others are scored again from the same records, and a warning says so."""
     from locos_tl.cli.score import write_outputs
 
     res = _score(qwen3, own_answer_trials[:1], methods=["locos", "wu"], out_dir=tmp_path)
     write_outputs(res, tmp_path)
-    (tmp_path / "wu" / "notes.txt").write_text("mine")  # a user's file: folder kept
-    _score(qwen3, own_answer_trials[:1], methods=["locos"], out_dir=tmp_path)
+    (tmp_path / "wu" / "notes.txt").write_text("mine")  # a user's file
+    with pytest.warns(UserWarning, match="also holds wu scores .* kept"):
+        again = _score(qwen3, own_answer_trials[:1], methods=["locos"], out_dir=tmp_path)
+    assert list(again) == ["locos"]
+    assert torch.equal(again["locos"].scores, res["locos"].scores)
+    assert load_head_scores(tmp_path, "wu").n_trials == res["wu"].n_trials
     assert (tmp_path / "locos" / "head_scores.json").exists()
     assert (tmp_path / "wu" / "notes.txt").exists()
+    with pytest.warns(UserWarning, match="also holds wu scores"):
+        one = _score(qwen3, own_answer_trials[:1], method="locos", out_dir=tmp_path)
+    assert one.method == "locos"  # one method asked: one HeadScores back
     (tmp_path / "wu" / "notes.txt").unlink()
     with pytest.warns(UserWarning, match=r"removed the folders of wu, methods this run does "
                                          r"not score \(locos\)"):  # never silently
         write_outputs(res["locos"], tmp_path)
     assert not (tmp_path / "wu").exists()
-    with pytest.raises(LocosError, match="not of 'wu'"):
-        load_head_scores(tmp_path, "wu")
+    # the run still scores wu (meta.json, records): its scores come back from them
+    assert load_head_scores(tmp_path, "wu").n_trials == res["wu"].n_trials
 
 
 def test_ablate_reads_multi_method_run(tiny_dirs, own_answer_trials, tmp_path):

@@ -109,11 +109,37 @@ def test_root_holds_the_api_and_core_types_only():
     assert set(root) - {"__init__"} <= {k for k, v in LAYERS.items() if v == 0}
 
 
+#: renamed: old public name -> new one (the old one works and warns)
+RENAMED = {"evaluate": "ablation_sweep"}
+
+
 @pytest.mark.parametrize("name", PUBLIC)
 def test_every_public_name_is_importable(name):
     import locos_tl
 
     assert name in locos_tl.__all__
+    if name in RENAMED:
+        with pytest.warns(DeprecationWarning, match=f"locos_tl.{name} is renamed "
+                                                    f"locos_tl.{RENAMED[name]}"):
+            old = getattr(locos_tl, name)
+        assert old is getattr(locos_tl, RENAMED[name])
+        return
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         assert getattr(locos_tl, name) is not None
+
+
+def test_notebooks_need_only_public_names():
+    """What the notebooks import from locos_tl is exported at the top (organisms and
+    plot are public sub-packages)."""
+    import re
+
+    import locos_tl
+
+    cells = "".join(p.read_text() for p in (PKG.parent / "notebooks").glob("cells_*.py"))
+    used = set(re.findall(r"\blocos_tl\.([a-zA-Z_]+)\b", cells))
+    private = {m for m in re.findall(r"from locos_tl\.([a-z_.]+) import", cells)
+               if m.split(".")[0] not in {"organisms", "plot", "data"}}
+    assert not private, private
+    assert used <= set(locos_tl.__all__) | {"organisms", "plot", "data"}, \
+        used - set(locos_tl.__all__)

@@ -14,7 +14,8 @@ from locos_tl.organisms import SMALL_ORGANISM, make_trials, organism_path
 from locos_tl.organisms import analysis as A
 from locos_tl.organisms.lengths import valid_range
 from locos_tl.organisms.positions import skip_positions
-from locos_tl.organisms.train import PRESETS, TrainConfig, build_model, parse_args, train
+from locos_tl.organisms.recipes import PRESETS, parse_args
+from locos_tl.organisms.train import TrainConfig, build_model, train
 
 
 @pytest.mark.parametrize("seed", range(20))

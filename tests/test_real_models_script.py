@@ -80,7 +80,7 @@ def test_ablation_workers_run_at_nice_0(script, tmp_path, monkeypatch, workers) 
     import locos_tl as lt
 
     calls = []
-    monkeypatch.setattr(lt, "evaluate", lambda model, trials, sets, **kw: calls.append(kw))
+    monkeypatch.setattr(lt, "ablation_sweep", lambda model, trials, sets, **kw: calls.append(kw))
     monkeypatch.setattr(script.util, "_load", lambda path: [])
     args = script.parse_args(["--model", "smollm2-135m-instruct", "--out", str(tmp_path),
                               "--workers", str(workers), "--questions", "direct"])
@@ -103,7 +103,7 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     from locos_tl.experiments.evaluate import build_jobs
 
     calls = []
-    monkeypatch.setattr(lt, "evaluate",
+    monkeypatch.setattr(lt, "ablation_sweep",
                         lambda model, trials, sets, **kw: calls.append((sets, kw)))
     monkeypatch.setattr(script.util, "_load", lambda path: [])
     argv = ["--model", "smollm2-135m-instruct", "--out", str(tmp_path), "--questions",
@@ -332,7 +332,7 @@ def test_a_published_run_goes_on_elsewhere_without_regenerating(script, tmp_path
     sets = {"locos": [(0, 0), (0, 1)]}
     kw = dict(k=(1,), mode="query_mean", seeds=(0,), bottom=None, max_new_tokens=2,
               progress=False)
-    lt.evaluate(model, trials, sets, means=means, out_dir=first / "ablate" / "direct_1000",
+    lt.ablation_sweep(model, trials, sets, means=means, out_dir=first / "ablate" / "direct_1000",
                 **kw)
     (first / "detect").mkdir()
     (first / "detect" / "trials.jsonl").write_text("{}\n")
@@ -345,7 +345,7 @@ def test_a_published_run_goes_on_elsewhere_without_regenerating(script, tmp_path
                            "ablate/direct_1000/meta.json"}
     assert script.resume_from(tmp_path / "pub", out) == []  # a file already there is kept
     seen: list[tuple[int, int]] = []
-    again = lt.evaluate(model, trials, sets, out_dir=out / "ablate" / "direct_1000",
+    again = lt.ablation_sweep(model, trials, sets, out_dir=out / "ablate" / "direct_1000",
                         means=lt.AblationMeans.load(out / "means.safetensors"),
                         on_resume=lambda n, total: seen.append((n, total)), **kw)
     assert seen == [(9, 9)]  # baseline, locos-1, random-1 on 3 trials: all reused
@@ -354,7 +354,7 @@ def test_a_published_run_goes_on_elsewhere_without_regenerating(script, tmp_path
     q = means.q.clone()
     q.view(-1)[0] = torch.nextafter(q.view(-1)[0], torch.tensor(float("inf")))
     with pytest.raises(LocosError, match="means_hash"):
-        lt.evaluate(model, trials, sets, out_dir=out / "ablate" / "direct_1000",
+        lt.ablation_sweep(model, trials, sets, out_dir=out / "ablate" / "direct_1000",
                     means=dc.replace(means, q=q), **kw)
     with pytest.raises(FileNotFoundError, match="holds no file"):
         script.resume_from(tmp_path / "m", tmp_path / "third")

@@ -31,7 +31,7 @@ def test_same_means_reproduce_every_answer_and_a_changed_answer_is_caught(rechec
     lt.save_trials(trials, run / "trials" / "eval_direct_1000.jsonl")
     means = lt.calibrate_means(model, ["alpha beta gamma delta", "the cat sat on a mat"])
     means.save(run / "means.safetensors")
-    lt.evaluate(model, trials, {"locos": [(0, 0), (0, 1)]}, k=(1,), mode="query_mean",
+    lt.ablation_sweep(model, trials, {"locos": [(0, 0), (0, 1)]}, k=(1,), mode="query_mean",
                 means=means, seeds=(0,), bottom=None, max_new_tokens=3, progress=False,
                 out_dir=pub / "ablate" / "direct_1000")
     argv = ["--model", str(path), "--run", str(run), "--published", str(pub),

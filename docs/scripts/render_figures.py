@@ -62,7 +62,7 @@ def organism_figures() -> dict[str, Any]:
     calib = [t.tokens for task in ("nonliteral", "literal")
              for t in make_trials(task, 10, n_tokens, book=book, seed=5)]
     means = locos_tl.calibrate_means(model, calib)
-    abl = {task: locos_tl.evaluate(model, trials, {"locos": s["locos"], "wu": s["wu"]},
+    abl = {task: locos_tl.ablation_sweep(model, trials, {"locos": s["locos"], "wu": s["wu"]},
                                    k=[1, 2, 4], means=means, seeds=(0, 1, 2),
                                    max_new_tokens=2)
            for task, trials in evals.items()}

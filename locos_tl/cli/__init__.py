@@ -58,6 +58,7 @@ from locos_tl.cli import compress as _compress  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
 from locos_tl.cli import models as _models  # noqa: E402,F401
 from locos_tl.cli import organism as _organism  # noqa: E402,F401
+from locos_tl.cli import patch as _patch  # noqa: E402,F401
 from locos_tl.cli import reproduce as _reproduce  # noqa: E402,F401
 from locos_tl.cli import score as _score  # noqa: E402,F401
 from locos_tl.cli import trials as _trials  # noqa: E402,F401

@@ -51,7 +51,7 @@ def train_organism(
         from locos_tl.organisms.compiled import main as build_main
 
         raise typer.Exit(build_main(argv))
-    from locos_tl.organisms.train import main
+    from locos_tl.organisms.recipes import main
 
     if steps is not None:
         argv += ["--steps", str(steps)]

@@ -103,12 +103,9 @@ def kept_methods(out: Path, methods: list[str]) -> list[str]:
     """``methods`` plus the methods the run directory ``out`` already holds (nothing
     is deleted: a rerun with fewer ``--method`` names keeps the others' scores, from the
     same records, and says so)."""
-    from locos_tl.runs.records import RECORDS_FILE
-    from locos_tl.runs.rundir import run_methods
+    from locos_tl.runs.rundir import kept_methods as held
 
-    if not (out / RECORDS_FILE).exists():
-        return methods
-    extra = [m for m in run_methods(out) or [] if m not in methods]
+    extra = held(out, methods)
     if extra:
         typer.secho(f"{out} also holds {', '.join(extra)} scores (an earlier --method): "
                     "kept, from the same trial records; use a new --out for a run of "

@@ -146,7 +146,7 @@ def build_jobs(
     return jobs
 
 
-def evaluate(
+def ablation_sweep(
     model: Any,
     trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
     head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
@@ -370,6 +370,11 @@ def evaluate(
                           "seeds to fill them", stacklevel=2)
     return df
 
+
+
+#: the former name of :func:`ablation_sweep` (``locos_tl.evaluate`` warns; this
+#: module path does not)
+evaluate = ablation_sweep
 
 def _record_cells(out_dir: str | Path, jobs: Sequence[AblationJob],
                   head_sets: Mapping[str, Sequence[HeadLike] | HeadScores], L: int, H: int,

@@ -1,6 +1,6 @@
 """The table of an ablation run directory, rebuilt from its generation records.
 
-:func:`locos_tl.evaluate` keeps one JSON line per (head set, trial) generation in
+:func:`locos_tl.ablation_sweep` keeps one JSON line per (head set, trial) generation in
 ``trials.jsonl`` and, in ``jobs.json``, every sweep cell (method, k, seed -> head set)
 that any call on the directory asked for. Sweeps grow: a first call at k = 5 and 10, a
 second at k = 20 with more random seeds, a third that extends the run to 60 trials
@@ -141,12 +141,12 @@ def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "no
     """Every cell an ablation run directory holds, scored on ``trials`` from its records.
 
     Args:
-        out_dir: a run directory of :func:`locos_tl.evaluate` (``out_dir=``) or
+        out_dir: a run directory of :func:`locos_tl.ablation_sweep` (``out_dir=``) or
             ``locos ablate``.
         trials: the trials the table is over (the list given to ``evaluate``; with
             ``extend``, the largest). A cell is reported only if the directory holds its
             generation for every one of them.
-        scorer: as in :func:`locos_tl.evaluate` (``"nolima"``: ROUGE-L F and
+        scorer: as in :func:`locos_tl.ablation_sweep` (``"nolima"``: ROUGE-L F and
             ``contains``; ``"control"``; ...; or a callable ``(response, trial) ->
             {metric: value}``); the records store responses, so any scorer applies.
         per_trial: one row per (method, k, seed, trial, metric) instead of the mean

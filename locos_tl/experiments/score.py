@@ -28,6 +28,7 @@ from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_name
 from locos_tl.runs.provenance import provenance
+from locos_tl.runs.rundir import kept_methods
 from locos_tl.runs.runner import (  # re-exported: the runner's names stay importable from here
     RESUME_KEYS,
     ScoringRun,
@@ -108,7 +109,9 @@ def score_trials(
         out_dir: run directory (one run: layout in :mod:`locos_tl.runs.rundir`); one JSON
             line per finished trial is appended to ``trials.jsonl`` and ``meta.json``
             holds provenance; rerunning with the same settings and trials skips finished
-            trials; method folders of methods not in this run are removed.
+            trials. A directory that holds other methods' scores keeps them: those
+            methods are scored too, from the same records (a ``UserWarning`` says so),
+            as ``locos score`` does.
         seed: bootstrap seed (decoding is greedy, hence deterministic).
         gate_threshold: ROUGE-1 recall a response must exceed to count.
         progress: show a tqdm bar over trials.
@@ -177,6 +180,10 @@ def score_trials(
         on_record=on_record).items() if v is not None}
     if as_int(batch_size, "batch_size") < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    keep = _kept(out_dir, method, methods)  # a rescoring with fewer methods deletes nothing
+    if keep:
+        requested, as_one = keep
+        method, methods = None, requested + kept_methods(out_dir, requested)
     run_args = dict(method=method, methods=methods, spans=spans, variant=variant,
                     max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
                     stop_rule=stop_rule, thinking=thinking, seed=seed)
@@ -189,10 +196,10 @@ def score_trials(
                           RuntimeWarning, stacklevel=2)
         from locos_tl.runs.distributed import score_trials_distributed
 
-        return score_trials_distributed(  # the workers load `model` (name, path or bridge's)
+        return _requested(score_trials_distributed(  # the workers load `model`
             model, trials, workers=workers, ray_address=ray_address, out_dir=out_dir,
             progress=progress, prefill_mode=prefill_mode, chunk_size=chunk_size,
-            decode_engine=decode_engine, on_resume=on_resume, **run_args, **dist)
+            decode_engine=decode_engine, on_resume=on_resume, **run_args, **dist), keep)
     opts = check_run_options(trials, **run_args)  # type: ignore[arg-type]
     run = ScoringRun(opts, model, model_name=model_name(model), dtype=model_dtype(model),
                      out_dir=out_dir)
@@ -216,4 +223,36 @@ def score_trials(
                      chunk_size=chunk_size, stop_rule=opts.stop_rule, thinking=thinking,
                      decode_engine=decode_engine, batch_size=batch_size,
                      chunk=max(len(todo), 1) if batch_size > 1 else 1)
-    return run.finish()
+    return _requested(run.finish(), keep)
+
+
+def _kept(out_dir: str | Path | None, method: str | None,
+          methods: str | Sequence[str] | None) -> tuple[list[str], bool] | None:
+    """``(requested methods, one method asked)`` when ``out_dir`` holds scores of other
+    methods (:func:`locos_tl.runs.rundir.kept_methods`), which are then scored too and
+    said so (``UserWarning``); else None."""
+    if out_dir is None:
+        return None
+    if methods is None:
+        requested, as_one = [method or "locos"], True
+    elif isinstance(methods, str):
+        requested, as_one = [methods], False
+    else:
+        requested, as_one = list(methods), False
+    extra = kept_methods(out_dir, requested)
+    if not extra:
+        return None
+    import warnings
+
+    warnings.warn(f"{out_dir} also holds {', '.join(extra)} scores (an earlier run): kept "
+                  "and brought up to date from the same trial records; use a new out_dir "
+                  f"for a run of {', '.join(requested)} alone", UserWarning, stacklevel=3)
+    return requested, as_one
+
+
+def _requested(result: Any, keep: tuple[list[str], bool] | None) -> Any:
+    """The requested part of a run that also scored the methods ``out_dir`` held."""
+    if keep is None:
+        return result
+    requested, as_one = keep
+    return result[requested[0]] if as_one else {m: result[m] for m in requested}

@@ -1,7 +1,7 @@
 """Answer metrics of the ablation evaluations: NoLiMa, MuSiQue, BABILong, controls.
 
 Each *scorer* maps ``(response, trial)`` to ``{metric_name: value}`` (values in [0, 1]);
-:func:`locos_tl.evaluate` averages them over trials. Gold answers are
+:func:`locos_tl.ablation_sweep` averages them over trials. Gold answers are
 ``trial.meta["gold_answers"]`` when present (NoLiMa's list), else ``[trial.answer]``.
 
 Sources: NoLiMa (Modarressi et al. 2025, arXiv 2502.05167) ``contains`` metric (a gold

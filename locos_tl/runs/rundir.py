@@ -50,6 +50,21 @@ def run_methods(path: str | Path) -> list[str] | None:
     return [str(m) for m in methods] if isinstance(methods, list) else None
 
 
+def kept_methods(path: str | Path, methods: Iterable[str]) -> list[str]:
+    """The methods a run directory already holds that ``methods`` leaves out.
+
+    A rescoring with fewer methods deletes nothing, from Python and from the command
+    line alike: the runner scores these too (from the same per-trial records), so their
+    folders stay current (:func:`locos_tl.score_trials`, ``locos score``).
+    """
+    from locos_tl.runs.records import RECORDS_FILE
+
+    if not (Path(path) / RECORDS_FILE).exists():
+        return []
+    want = list(methods)
+    return [m for m in run_methods(path) or [] if m not in want]
+
+
 def _is_method_dir(d: Path) -> bool:
     """Whether ``d`` holds only files a method folder holds (plus plotly's script)."""
     return d.is_dir() and (d / "head_scores.json").exists() and all(

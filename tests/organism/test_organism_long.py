@@ -41,7 +41,8 @@ def test_files_size_and_context():
 
 def test_shipped_train_log_is_the_recipe():
     """The shipped checkpoint's recorded stages are `--preset retrieval-long`'s."""
-    from locos_tl.organisms.train import STAGES, _same_config
+    from locos_tl.organisms.recipes import STAGES
+    from locos_tl.organisms.train import _same_config
 
     log = json.loads((ORG / "train_log.json").read_text())
     stages = STAGES["retrieval-long"]()
@@ -117,7 +118,8 @@ def test_locos_finds_the_writers_wu_does_not_at_1024(truth):
 def test_retraining_reproduces(tmp_path, truth):
     """`python -m locos_tl.organisms.train --preset retrieval-long` (its stages, about 1.5
     hours on one CPU thread) reproduces the card's synthetic-filler accuracies (<= 0.03)."""
-    from locos_tl.organisms.train import STAGES, _same_config, train_stages
+    from locos_tl.organisms.recipes import STAGES, train_stages
+    from locos_tl.organisms.train import _same_config
 
     stages = STAGES["retrieval-long"]()
     log = json.loads((ORG / "train_log.json").read_text())

@@ -174,7 +174,7 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     for length in _ints(args.eval_lengths):
         for qtype in _questions(args):
             trials = util._load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
-            lt.evaluate(model, trials, head_sets, scorer="nolima",
+            lt.ablation_sweep(model, trials, head_sets, scorer="nolima",
                         out_dir=out / "ablate" / f"{qtype}_{length}", **common)
     # the controls may run a subset of the (k, seed) grid (``--control-ks``,
     # ``--control-seeds``): DS(k) is reported where both sides exist
@@ -183,7 +183,7 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
                "seeds": _ints(args.control_seeds or args.random_seeds)}
     for name in ("parametric", "arithmetic"):
         trials = util._load(out / "trials" / f"control_{name}.jsonl")
-        lt.evaluate(model, trials, head_sets, scorer="control",
+        lt.ablation_sweep(model, trials, head_sets, scorer="control",
                     out_dir=out / "ablate" / f"control_{name}", **control)
 
 
