@@ -74,6 +74,9 @@ def nolima(
         help="Task template: default (each entry's own, chat-style) or completion (ends "
              "'Answer: The character's name is', for base models; use with --no-chat-template)."
     )] = "default",
+    distractors: Annotated[int, typer.Option(
+        help="Distractor needles per trial: needles of other entries, each with another "
+             "character, at random depths (chance 1/(N+1) among the names).", min=0)] = 0,
     seed: SeedOpt = 0,
 ) -> None:
     """NoLiMa trials (Modarressi et al. 2025, arXiv 2502.05167) from a needle set."""
@@ -97,6 +100,7 @@ def nolima(
             tok, items, hays, lengths=parse_lengths(lengths), depths=parse_depths(depths),
             num_examples=num_examples, characters_per_entry=characters_per_entry,
             chat_template=chat_template, seed=seed, template=template,
+            distractors=distractors,
         )
     except LocosError as exc:
         fail(exc)
@@ -104,7 +108,7 @@ def nolima(
         needle_set=str(needle_set), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
         lengths=lengths, depths=depths, num_examples=num_examples, question_type=question_type,
         characters_per_entry=characters_per_entry, chat_template=chat_template,
-        template=template, seed=seed,
+        template=template, distractors=distractors, seed=seed,
     ))
 
 

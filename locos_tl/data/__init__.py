@@ -34,14 +34,13 @@ from locos_tl.data.nolima import (
     NoLiMaEntry,
     NoLiMaItem,
     NoLiMaTest,
-    build_nolima_trials,
     choose_characters,
     expand_needle_set,
     load_needle_set,
-    nolima_cells,
     nolima_seed,
     parse_needle_set,
 )
+from locos_tl.data.nolima_trials import build_nolima_trials, nolima_cells
 from locos_tl.data.prompt import HaystackTooShortError, Insert, PromptBuilder, PromptTemplate
 
 __all__ = [

@@ -174,7 +174,9 @@ class PromptBuilder:
             question: the question text (fills ``{question}``).
             needle: the scored insert (``score`` defaults to the whole text).
             answer: gold answer string.
-            others: further inserts (e.g. a NoLiMa distractor), not scored.
+            others: further inserts (e.g. a NoLiMa distractor or distractor needles),
+                not scored; the token span each one covers goes to
+                ``meta["insert_spans"]`` (in the order given).
             meta: grid-cell metadata copied into the trial; the builder adds
                 ``length``, ``depth``, ``depth_actual`` (percent of the haystack
                 tokens before the needle), ``haystack``, ``haystack_index``,
@@ -217,6 +219,11 @@ class PromptBuilder:
             if needle.answer is not None:  # the answer part: covering tokens
                 base = r.hay_start + r.insert_starts[0]
                 ans = _covering_span(r.offsets, base + needle.answer[0], base + needle.answer[1])
+            if others:  # where each further insert landed, as token spans
+                meta = {**(meta or {}), "insert_spans": [
+                    list(_covering_span(r.offsets, r.hay_start + r.insert_starts[i + 1],
+                                        r.hay_start + r.insert_starts[i + 1] + len(o.text)))
+                    for i, o in enumerate(others)]}
             return self._trial(r, s, e, haystack, length, needle, answer, meta, ans)
         raise TrialError(
             f"needle not token-aligned at the {self.boundary_tries} sentence boundaries "

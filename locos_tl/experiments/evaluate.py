@@ -35,6 +35,7 @@ from locos_tl.engine.ablation import (
 )
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.engine.stops import StopRule, check_stop_rule
+from locos_tl.experiments.margin import name_margin as margin_of
 from locos_tl.experiments.run_table import (
     AblationJob,
     directory_table,
@@ -169,6 +170,7 @@ def ablation_sweep(
     ray_address: str | None = None,
     on_resume: Callable[[int, int], None] | None = None,
     extend: bool = False,
+    name_margin: bool | None = None,
     **distributed_kwargs: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
@@ -226,6 +228,11 @@ def ablation_sweep(
             ``trials`` is still refused. ``meta.json`` then describes the larger run.
             ``meta.json`` is the provenance of the last call that generated into
             ``out_dir``: a call that finds every generation recorded leaves it as it is.
+        name_margin: also record each generation's teacher-forced name margin under
+            the ablation (:func:`locos_tl.experiments.margin.name_margin`, nats; metric
+            ``name_margin``): one batched forward per (head set, trial). Default: when
+            every trial has distractor needles (``meta["distractor_names"]``). The local
+            executor computes it; with Ray workers it is left out (a warning says so).
         **distributed_kwargs: more options of the distributed run (``pool``,
             ``load_kwargs``, ``num_gpus_per_worker``, ...).
 
@@ -310,15 +317,28 @@ def ablation_sweep(
     if on_resume is not None and store is not None:
         on_resume(len(sets) * len(trials) - len(todo), len(sets) * len(trials))
 
-    def keep(key: str, t: Trial, text: str, generated: list[int], stopped_by: str) -> None:
+    if name_margin is None:
+        name_margin = bool(trials) and all(t.meta.get("distractor_names") for t in trials)
+    margins: dict[tuple[str, str], float] = {}
+
+    def keep(key: str, t: Trial, text: str, generated: list[int], stopped_by: str,
+             margin: float | None = None) -> None:
         responses[(key, t.trial_id)] = text
+        rec = {"trial_id": f"{key}:{t.trial_id}", "heads_key": key, "trial": t.trial_id,
+               "n_heads": len(sets[key]), "response": text, "generated": generated,
+               "stopped_by": stopped_by}
+        if margin is not None:
+            margins[(key, t.trial_id)] = rec["name_margin"] = margin
         if store is not None:
-            store.append({"trial_id": f"{key}:{t.trial_id}", "heads_key": key,
-                          "trial": t.trial_id, "n_heads": len(sets[key]),
-                          "response": text, "generated": generated, "stopped_by": stopped_by})
+            store.append(rec)
 
     if (workers > 1 or ray_address is not None or distributed_kwargs) and todo:
         from locos_tl.runs.distributed import generate_ablated_distributed
+
+        if name_margin:
+            warnings.warn("name_margin is computed by the local executor only; these "
+                          "generations are recorded without it (rerun with workers=1)",
+                          RuntimeWarning, stacklevel=2)
 
         generate_ablated_distributed(
             model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
@@ -342,7 +362,8 @@ def ablation_sweep(
                                     stop_at_newline=stop_at_newline, prefill_mode="auto",
                                     chunk_size=chunk_size, stop_rule=stop_rule,
                                     thinking=thinking)
-                keep(key, t, res.text, res.generated, res.stopped_by)
+                margin = margin_of(model, t)["name_margin"] if name_margin else None
+                keep(key, t, res.text, res.generated, res.stopped_by, margin)
                 bar.update(1)
     bar.close()
 
@@ -351,6 +372,8 @@ def ablation_sweep(
         kt: {m: float(v) for m, v in score_fn(resp, per_trial[kt[1]]).items()}
         for kt, resp in responses.items()
     }
+    for kt, margin in margins.items():  # recorded ones come back from the records
+        metric_cache[kt]["name_margin"] = margin
     # this call's cells, from the same table code as the directory's (bit-equal values)
     df = directory_table(None, trials, score_fn, [job_cell(j) for j in jobs],
                          known=metric_cache)

@@ -203,8 +203,10 @@ def directory_table(out_dir: str | Path | None, trials: list[Trial], score_fn: S
             rows += [{**cell, "trial": t.trial_id, "metric": m, "value": v[m]}
                      for t, v in zip(trials, vals, strict=True) for m in v]
         else:  # np.mean over the trials in order, as evaluate computes its own table
+            # a metric every trial has (records from before name_margin lack it)
+            common = [m for m in vals[0] if all(m in v for v in vals)]
             rows += [{**cell, "metric": m, "value": float(np.mean([v[m] for v in vals])),
-                      "n_trials": len(vals)} for m in vals[0]]
+                      "n_trials": len(vals)} for m in common]
     return pd.DataFrame(rows, columns=PER_TRIAL_COLUMNS if per_trial else COLUMNS)
 
 
@@ -245,4 +247,6 @@ def _scores(out_dir: str | Path, trials: list[Trial], score_fn: Scorer,
             out[pair] = dict(known[pair])
         else:
             out[pair] = {m: float(v) for m, v in score_fn(rec["response"], t).items()}
+            if rec.get("name_margin") is not None:  # teacher-forced, under the ablation
+                out[pair]["name_margin"] = float(rec["name_margin"])
     return out

@@ -85,9 +85,20 @@ def control_exact_match(response: str, golds: Sequence[str]) -> float:
 
 
 def score_nolima(response: str, trial: Trial) -> dict[str, float]:
-    """``rougeL`` (ROUGE-L F against ``trial.answer``, stemmer on) and NoLiMa ``contains``."""
-    return {"rougeL": rougeL_f(response, trial.answer),
-            "contains": nolima_contains(response, gold_answers(trial))}
+    """``rougeL`` (ROUGE-L F against ``trial.answer``, stemmer on) and NoLiMa ``contains``.
+
+    A trial with distractor needles (``meta["distractor_names"]``, ``locos build-trials
+    nolima --distractors N``) also gets ``contains_distractor`` (1.0 when the response
+    names any distractor's character) and ``target_only`` (names the target and no
+    distractor: the trial's strict score).
+    """
+    out = {"rougeL": rougeL_f(response, trial.answer),
+           "contains": nolima_contains(response, gold_answers(trial))}
+    rivals = trial.meta.get("distractor_names")
+    if rivals:
+        out["contains_distractor"] = nolima_contains(response, rivals)
+        out["target_only"] = float(out["contains"] == 1.0 and not out["contains_distractor"])
+    return out
 
 
 def score_musique(response: str, trial: Trial) -> dict[str, float]:

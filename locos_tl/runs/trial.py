@@ -120,6 +120,16 @@ def run_trial(
     return trial_record(model, trial, detectors, result, col, gate_threshold)
 
 
+def names_a_distractor(trial: Trial, response: str) -> bool:
+    """Whether ``response`` names a distractor's character (``meta["distractor_names"]``
+    of a trial built with distractor needles). Detection counts a distractor trial only
+    when the answer names the target (the gate) and no distractor: every method then
+    drops it with reason ``"distractor"``."""
+    rivals = trial.meta.get("distractor_names") or ()
+    text = response.strip()
+    return any(isinstance(r, str) and r and r in text for r in rivals)
+
+
 def trial_record(
     model: Any,
     trial: Trial,
@@ -158,6 +168,9 @@ def trial_record(
     )
     dropped = _ANSWER_STEP_RULE.drop_reason(outcome)  # the trial-level accepted/dropped
     dropped_by = {d.name: d.drop_reason(outcome) for d in detectors}
+    if names_a_distractor(trial, result.text):  # right name or not, a wrong one too
+        dropped = dropped or "distractor"
+        dropped_by = {m: r or "distractor" for m, r in dropped_by.items()}
     record: dict[str, Any] = {
         "trial_id": trial.trial_id,
         "n_prompt_tokens": trial.n_tokens,
