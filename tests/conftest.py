@@ -94,3 +94,21 @@ def own_answer_trials(qwen3):
         if len(out) == 3:
             return out
     raise RuntimeError("no prompt with a word in its response")
+
+
+# ------------------------------------------------------------- GGUF files and the cache
+@pytest.fixture(scope="module")
+def tiny_gguf(tmp_path_factory):
+    """A tiny random Llama written as a Q8_0 GGUF file (``tests/gguf_tiny.py``)."""
+    pytest.importorskip("gguf", reason="the gguf extra is not installed")
+    from gguf_tiny import write_tiny_gguf
+
+    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache root for the test (``LOCOS_CACHE``)."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("LOCOS_CACHE", str(root))
+    return root

@@ -18,20 +18,6 @@ pytest.importorskip("gguf", reason="the gguf extra is not installed")
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    from gguf_tiny import write_tiny_gguf
-
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("LOCOS_CACHE", str(root))
-    return root
-
-
 @pytest.fixture
 def entry(tiny_gguf, cache, monkeypatch):
     """The tiny GGUF file registered as the zoo model ``tiny-test``, prepared."""

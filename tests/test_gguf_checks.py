@@ -56,13 +56,6 @@ def files(tmp_path_factory):
     return out
 
 
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    root = tmp_path / "cache"
-    monkeypatch.setenv("LOCOS_CACHE", str(root))
-    return root
-
-
 def _logits(model, ids):
     with torch.no_grad():
         return model(ids, return_type="logits")[0]

@@ -49,21 +49,6 @@ def test_bad_dtype(tiny_dirs):
 # exactness is tested in tests/test_real_models.py.
 
 
-@pytest.fixture(scope="module")
-def tiny_gguf(tmp_path_factory):
-    pytest.importorskip("gguf", reason="the gguf extra is not installed")
-    from gguf_tiny import write_tiny_gguf
-
-    return write_tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny.gguf")
-
-
-@pytest.fixture
-def cache(tmp_path, monkeypatch):
-    """An empty cache root for the test (``LOCOS_CACHE``)."""
-    root = tmp_path / "cache"
-    monkeypatch.setenv("LOCOS_CACHE", str(root))
-    return root
-
 
 def test_gguf_loads_like_transformers_and_is_cached_by_sha256(tiny_gguf, cache):
     import hashlib
