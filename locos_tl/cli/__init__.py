@@ -1,9 +1,4 @@
-"""The ``locos`` command line (typer). Each sub-module registers its commands on ``app``.
-
-Start-up stays light: the sub-modules import only typer and the standard library at
-module level; torch, TransformerLens, transformers, pandas and plotly are imported
-inside the command functions, so ``locos --help`` answers without loading them.
-"""
+"""The ``locos`` command line (typer): each sub-module registers its commands on ``app``."""
 
 from __future__ import annotations
 

@@ -1,10 +1,4 @@
-"""Retrieval-trial data: haystacks, NoLiMa needle sets, NIAH probes, grids, hub loaders.
-
-Builds :class:`~locos_tl.trials.Trial` objects with exact prompt lengths and needle
-spans (NoLiMa, Modarressi et al. 2025, arXiv 2502.05167; NIAH probes of Wu et al.
-2025, arXiv 2404.15574), and the specificity-control questions of the dissociation
-score (arXiv 2607.01002, Sec. 4; :mod:`locos_tl.data.controls`).
-"""
+"""Retrieval-trial data: haystacks, NoLiMa needle sets, NIAH probes, grids, hub loaders."""
 
 from locos_tl.data.controls import (
     build_arithmetic_trials,

@@ -1,12 +1,4 @@
-"""Head detectors: accumulators fed by one stream of decoding steps.
-
-Every detector maps a :class:`~locos_tl.engine.decode.DecodeStep` to a per-head value
-(``[n_layers, n_heads]``) and reduces the values of the steps it uses to one per-trial
-score. All detectors share one decode pass (``score_trials(methods=[...])``). Each
-declares the trial span it reads (``Detector.span``: ``"needle"`` or ``"answer"``,
-following its published protocol) and which trials it accepts
-(``Detector.drop_reason``); docs/concepts.md has the protocol table.
-"""
+"""Head detectors: accumulators fed by one stream of decoding steps."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-"""The model organism: a small trained Qwen3 checkpoint with planted retrieval heads.
-
-Two tasks share one context format (:mod:`locos_tl.organisms.tasks`): a *literal*
-question whose answer is the token a retrieval head attends to, and a *non-literal*
-question whose answer is a token moved next to the attended one by an earlier layer.
-The shipped checkpoint, its causal ground truth and how it was trained are described
-in ``data/organisms/<name>/MODEL_CARD.md``.
-"""
+"""The model organism: a small trained Qwen3 checkpoint with planted retrieval heads."""
 
 from __future__ import annotations
 

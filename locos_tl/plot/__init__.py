@@ -1,24 +1,4 @@
-"""Plotly figures of head scores, ablation sweeps and per-position contributions.
-
-One figure a function; each returns a ``plotly.graph_objects.Figure`` (call ``.show()``
-in Jupyter, ``.write_html(path)`` for a self-contained file). Head heatmaps follow the
-TransformerLens convention: x = head, y = layer (layer 0 on top), RdBu centred at 0,
-hover label ``L{l}H{h}``.
-
-The figures are those of Gema, Alex & Minervini (2026, arXiv 2607.01002): LOCOS head
-maps, where the top heads sit in depth, ablation curves with random-seed error bars, the
-dissociation score ``DS(k)``, LOCOS vs causal (CRI) rankings, and the per-position
-contributions ``phi[l, h, j]`` (Eq. 2) that separate what a head *reads* (attention)
-from what it *writes* toward the answer.
-
-One module a kind of figure; every function is importable from ``locos_tl.plot``:
-:mod:`~locos_tl.plot.heatmap` (:func:`head_heatmap`), :mod:`~locos_tl.plot.layers`
-(:func:`layer_distribution`), :mod:`~locos_tl.plot.ranks` (:func:`rank_scatter`),
-:mod:`~locos_tl.plot.curves` (:func:`ablation_curves`, :func:`dissociation`),
-:mod:`~locos_tl.plot.compression` (:func:`compression_curves`) and
-:mod:`~locos_tl.plot.positions` (:func:`phi_explorer`, :func:`reads_vs_writes`,
-:func:`token_labels`). :data:`METHOD_COLORS` gives one method one colour in every figure.
-"""
+"""Plotly figures of head scores, ablation sweeps and per-position contributions."""
 
 from __future__ import annotations
 
