@@ -323,7 +323,10 @@ class HeadScores:
 
     @classmethod
     def load(cls, out_dir: str | Path) -> HeadScores:
-        """Read what :meth:`save` wrote (``head_scores.json``; else ``heads.json``).
+        """Read what :meth:`save` wrote (``head_scores.json``; else ``heads.json``): the
+        reader of one saved folder. To load head scores from anything the package
+        writes (a scoring run directory, a method folder, a file), use
+        :func:`locos_tl.load_head_scores`, which reads those folders with this.
 
         Raises:
             FileNotFoundError: neither file exists in ``out_dir``.

@@ -153,7 +153,7 @@ import tempfile
 
 out = Path(tempfile.mkdtemp()) / "run"
 scores.save(out)
-again = locos_tl.HeadScores.load(out)
+again = locos_tl.load_head_scores(out)  # reads any folder the package writes
 print(sorted(p.name for p in out.iterdir()), "top heads:", again.top_k(3))'''),
     ]
 
