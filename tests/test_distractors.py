@@ -209,6 +209,12 @@ def test_ablation_sweep_records_the_name_margin_under_each_ablation(qwen3, items
     back = lt.load_evaluation(tmp_path / "abl", trials)
     got = back[back.metric == "name_margin"].set_index("method")["value"]
     assert got.to_dict() == pytest.approx(margin.to_dict(), abs=1e-12)
+    # a rerun on the same directory generates nothing and keeps the recorded margins
+    again = lt.ablation_sweep(qwen3, trials, {"locos": heads}, k=[2], mode="query_zero",
+                              random=False, bottom=None, max_new_tokens=4, progress=False,
+                              out_dir=tmp_path / "abl")
+    resumed = again[again.metric == "name_margin"].set_index("method")["value"]
+    assert resumed.to_dict() == pytest.approx(margin.to_dict(), abs=1e-12)
     plain = lt.ablation_sweep(qwen3, trials, {"locos": heads}, k=[2], mode="query_zero",
                               random=False, bottom=None, max_new_tokens=4, progress=False,
                               name_margin=False)

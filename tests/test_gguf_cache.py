@@ -153,10 +153,10 @@ def test_killed_preparation_then_next_one(tiny_gguf, cache):
     code = (
         "import os, signal, sys\n"
         "import locos_tl.models.gguf_cache as gc\n"
-        "real = gc._manifest\n"
+        "real = gc.manifest\n"
         "def die(d):\n"
         "    os.kill(os.getpid(), signal.SIGKILL)\n"
-        "gc._manifest = die\n"
+        "gc.manifest = die\n"
         f"gc.prepare_gguf({str(tiny_gguf)!r})\n"
     )
     env = {**os.environ, "LOCOS_CACHE": str(cache), "PYTHONPATH": str(REPO)}

@@ -10,7 +10,7 @@ from typer.core import TyperGroup
 
 # `locos --help` lists the commands in the order of the workflow, not of registration
 WORKFLOW_ORDER = ("models", "build-trials", "score", "ablate", "patch", "compress", "calibrate",
-                  "reproduce", "demo", "train-organism")
+                  "reproduce", "demo", "train-organism", "elicit")
 
 
 class HelpGroup(TyperGroup):
@@ -51,6 +51,7 @@ app = typer.Typer(
 from locos_tl.cli import ablate as _ablate  # noqa: E402,F401
 from locos_tl.cli import compress as _compress  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
+from locos_tl.cli import elicit as _elicit  # noqa: E402,F401
 from locos_tl.cli import models as _models  # noqa: E402,F401
 from locos_tl.cli import organism as _organism  # noqa: E402,F401
 from locos_tl.cli import patch as _patch  # noqa: E402,F401

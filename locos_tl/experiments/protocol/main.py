@@ -89,6 +89,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--detect-haystack", default="prose",
                     help="detection book: dracula (shared), prose (shipped, no named "
                          "people) or a text file; evaluation always uses Mohicans")
+    ap.add_argument("--distractors", type=int, default=0,
+                    help="distractor needles (other entries, other characters) in every "
+                         "NoLiMa detection and evaluation trial: detection then accepts "
+                         "answers that name the target and no distractor, and the "
+                         "ablation grid records the teacher-forced name margin")
     ap.add_argument("--max-new-tokens", type=int, default=16,
                     help="greedy budget of the NoLiMa detection trials and CRI (the answer is "
                          "a name)")

@@ -37,7 +37,8 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     chat = args.template == "chat"
     builder = PromptBuilder(tok)
     # chat models: NoLiMa's chat-style task template; base models: the completion one
-    kw = {"template": "completion" if args.template == "completion" else "default"}
+    kw = {"template": "completion" if args.template == "completion" else "default",
+          "distractors": getattr(args, "distractors", 0)}
     for qtype in ("onehop", "direct"):
         items = lt.expand_needle_set(entries, [qtype])
         det = lt.build_nolima_trials(
@@ -86,7 +87,10 @@ TRIAL_OPTIONS = ("model", "needle_set", "template", "data_dir", "detect_length",
 
 
 def _trial_sizes(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: getattr(args, k) for k in TRIAL_OPTIONS}
+    sizes = {k: getattr(args, k) for k in TRIAL_OPTIONS}
+    if getattr(args, "distractors", 0):  # recorded only when used: older runs stay valid
+        sizes["distractors"] = args.distractors
+    return sizes
 
 
 def _trials_changed(out: Path, args: argparse.Namespace) -> bool:

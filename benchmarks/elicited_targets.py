@@ -1,0 +1,78 @@
+"""An elicited model against its base: retrieval beside distractor needles, and general
+ability (:mod:`locos_tl.experiments.elicit_targets`).
+
+For each model, on held-out entries (the ``everyday`` evaluation set, evaluation names,
+the Mohicans books; the adapter was trained on ``everyday_train`` over Dracula), greedy:
+how often the answer names the target and a distractor, per cell (question, length,
+distractors); then parametric and arithmetic controls (exact match) and perplexity on
+Mohicans part 1. Resumable (``--out``); prints one table and writes ``targets.csv``::
+
+    python benchmarks/elicited_targets.py --out runs/elicited_targets \\
+        --publish docs/real_models/smollm2-nolima
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    import pandas as pd
+
+    import locos_tl as lt
+    from locos_tl.experiments.elicit_targets import CELLS, perplexity, targets_table
+    from locos_tl.experiments.protocol.common import EVAL_SEED
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="smollm2-135m-nolima,smollm2-135m-instruct")
+    ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument("--n", type=int, default=100,
+                    help="trials of the 1000-token, one-distractor cells")
+    ap.add_argument("--n-extra", type=int, default=50,
+                    help="trials of the other cells (3 distractors, 2000 tokens, made-up)")
+    ap.add_argument("--n-control", type=int, default=50)
+    ap.add_argument("--out", default="runs/elicited_targets")
+    ap.add_argument("--publish", default=None, help="copy targets.csv here")
+    args = ap.parse_args()
+
+    books = Path(args.data_dir) / "haystack"
+    hay = lt.load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
+    entries = lt.load_needle_set("everyday")
+    n = {c: args.n if (c[1], c[2]) == (1000, 1) and c[0] != "made_up" else args.n_extra
+         for c in CELLS}
+    frames = []
+    for name in args.models.split(","):
+        t0 = time.perf_counter()
+        model = lt.load_model(name, device="cpu")
+        out = Path(args.out) / name
+        df = targets_table(model, entries, hay, n=n, out_dir=out)
+        tok, n_ctx = model.tokenizer, int(model.cfg.n_ctx)
+        for kind, build in (("parametric", lt.build_parametric_trials),
+                            ("arithmetic", lt.build_arithmetic_trials)):
+            trials = build(tok, n=args.n_control, seed=EVAL_SEED, chat_template=True,
+                           n_ctx=n_ctx)
+            ev = lt.ablation_sweep(model, trials, {}, k=[1], mode="query_zero",
+                                   random=False, bottom=None, scorer="control",
+                                   out_dir=out / f"control_{kind}", max_new_tokens=16,
+                                   progress=False)
+            em = ev[(ev["method"] == "baseline") & (ev["metric"] == "exact_match")]
+            df.loc[len(df)] = {"question": kind, "n": int(em["n_trials"].iloc[0]),
+                               "target": float(em["value"].iloc[0])}
+        ppl = perplexity(model, hay[0].text)
+        df.loc[len(df)] = {"question": "perplexity (Mohicans 1)", "target": ppl}
+        df.insert(0, "model", name)
+        frames.append(df)
+        print(f"{name}: {time.perf_counter() - t0:.0f} s")  # noqa: T201
+    table = pd.concat(frames, ignore_index=True)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    table.to_csv(Path(args.out) / "targets.csv", index=False)
+    if args.publish:
+        Path(args.publish).mkdir(parents=True, exist_ok=True)
+        table.to_csv(Path(args.publish) / "targets.csv", index=False)
+    print(table.to_markdown(index=False, floatfmt=".3f"))  # noqa: T201
+
+
+if __name__ == "__main__":
+    main()

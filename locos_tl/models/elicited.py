@@ -1,0 +1,151 @@
+"""Elicited models: a zoo base model with a shipped LoRA adapter on its MLPs
+(:mod:`locos_tl.organisms.elicit` trains them), merged once into a plain Hugging Face
+checkpoint of the base architecture in the cache, so every hook and tool works unchanged.
+
+Merging adds ``(alpha / r) B A`` to each adapted MLP weight (peft's ``merge_and_unload``);
+every other tensor (embeddings, norms, ``W_Q``, ``W_K``, ``W_V``, ``W_O``) is the base's,
+bit for bit.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from locos_tl.errors import ModelLoadError
+from locos_tl.models.gguf_cache import (
+    SOURCE_FILE,
+    cache_root,
+    damaged_error,
+    entry_problems,
+    is_prepared,
+    manifest,
+    sha256_file,
+)
+
+#: shipped adapters: ``data/organisms/<name>/adapter`` in a source checkout
+SHIPPED = Path(__file__).resolve().parents[2] / "data" / "organisms"
+
+
+@dataclass(frozen=True)
+class ElicitedModel:
+    """A base model of the zoo plus a LoRA adapter on its MLPs.
+
+    Attributes:
+        name: the registry name (``load_model(name)``, ``--model name``).
+        base: the zoo name of the base model.
+        architecture, n_layers, n_heads, n_kv_heads, params, licence: as the base's.
+        notes: what it was trained for.
+    """
+
+    name: str
+    base: str
+    architecture: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    params: str
+    licence: str
+    notes: str = ""
+
+    @property
+    def adapter(self) -> Path:
+        """The shipped adapter directory (peft format)."""
+        return SHIPPED / self.name / "adapter"
+
+    @property
+    def shape(self) -> str:
+        return f"{self.n_layers} x {self.n_heads} ({self.n_kv_heads})"
+
+    def adapter_sha256(self) -> str:
+        """SHA-256 of the adapter's weights (the cache key).
+
+        Raises:
+            ModelLoadError: the adapter is not shipped in this installation.
+        """
+        weights = self.adapter / "adapter_model.safetensors"
+        if not weights.is_file():
+            raise ModelLoadError(f"the adapter of {self.name!r} is missing ({weights}); it "
+                                 "ships in a source checkout of locos_tl (data/organisms)")
+        return sha256_file(weights)
+
+    @property
+    def directory(self) -> Path:
+        """The merged checkpoint's directory (exists once fetched)."""
+        return cache_root() / "elicited" / f"{self.name}-{self.adapter_sha256()[:16]}"
+
+    @property
+    def prepared(self) -> bool:
+        return is_prepared(self.directory)
+
+    def problems(self, *, verify: bool = False) -> list[str]:
+        """What is wrong with the merged checkpoint; empty when healthy."""
+        return entry_problems(self.directory, verify=verify)
+
+    def status(self, *, verify: bool = False) -> str:
+        """``"yes"``, ``"damaged: ..."``, ``"no"`` (``locos models fetch NAME``) or
+        ``"no adapter"`` (not shipped in this installation)."""
+        if not (self.adapter / "adapter_model.safetensors").is_file():
+            return "no adapter"
+        if self.prepared:
+            problems = self.problems(verify=verify)
+            return f"damaged: {'; '.join(problems)}" if problems else "yes"
+        return "no"
+
+
+def merge(entry: ElicitedModel, base_dir: Path, *,
+          log: Callable[[str], None] | None = None, repair: bool = False) -> Path:
+    """Merge ``entry``'s adapter into the base checkpoint in ``base_dir`` and save it
+    (float32 safetensors, the base's tokenizer files, a source record with each file's
+    size and SHA-256) in :attr:`ElicitedModel.directory`; idempotent and locked.
+
+    Raises:
+        ModelLoadError: the adapter is missing; the merged entry is damaged and
+            ``repair`` is off (the message names ``locos models fetch NAME``); ``peft``
+            is not installed (the ``elicit`` extra).
+    """
+    from filelock import FileLock
+
+    dest = entry.directory
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"{dest.name}.lock")):
+        if is_prepared(dest):
+            problems = entry_problems(dest, verify=repair)
+            if not problems:
+                return dest
+            if not repair:
+                raise damaged_error(dest, problems, f"locos models fetch {entry.name}")
+        if log:
+            log(f"merging the adapter of {entry.name} into {entry.base} (float32)")
+        tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        _merged(entry, base_dir).save_pretrained(tmp)
+        for f in base_dir.iterdir():
+            if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_t")):
+                shutil.copy2(f, tmp / f.name)
+        record = {"elicited": entry.name, "base": entry.base, "base_directory": str(base_dir),
+                  "adapter": str(entry.adapter),
+                  "adapter_sha256": entry.adapter_sha256(), "files": manifest(tmp)}
+        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+        shutil.rmtree(dest, ignore_errors=True)
+        os.replace(tmp, dest)
+    return dest
+
+
+def _merged(entry: ElicitedModel, base_dir: Path) -> Any:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    try:
+        from peft import PeftModel
+    except ImportError as exc:
+        raise ModelLoadError(f"{entry.name!r} needs peft to merge its adapter: pip install "
+                             "'locos_tl[elicit]'") from exc
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    return PeftModel.from_pretrained(model, entry.adapter).merge_and_unload()

@@ -1,0 +1,74 @@
+"""Training and validation trials for :mod:`locos_tl.organisms.elicit`: NoLiMa trials with
+distractor needles, built from a training needle set whose entries are split into
+training and validation links (neither is ever an evaluation entry)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any
+
+from locos_tl.data.haystack import Haystack
+from locos_tl.data.nolima import NoLiMaEntry, expand_needle_set
+from locos_tl.data.nolima_trials import build_nolima_trials
+from locos_tl.data.prompt import PromptBuilder
+from locos_tl.errors import DataFormatError
+from locos_tl.trials import Trial
+
+#: needle depths of the training trials (percent of the haystack part)
+TRAIN_DEPTHS = tuple(float(d) for d in range(0, 101, 10))
+
+
+def split_entries(entries: Sequence[NoLiMaEntry], n_validation: int
+                  ) -> tuple[list[NoLiMaEntry], list[NoLiMaEntry]]:
+    """``(training, validation)``: the last ``n_validation`` entries by id validate.
+
+    Raises:
+        DataFormatError: fewer than ``n_validation + 2`` entries (a distractor needs an
+            entry besides the target's on each side).
+    """
+    ordered = sorted(entries, key=lambda e: e.id)
+    if len(ordered) < n_validation + 2 or n_validation < 2:
+        raise DataFormatError(f"{len(ordered)} entries cannot give {n_validation} "
+                              "validation entries (at least 2) and 2 training entries")
+    return ordered[:-n_validation], ordered[-n_validation:]
+
+
+def training_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
+                    haystacks: Sequence[Haystack], *, steps: int,
+                    lengths: Sequence[int], distractors: Sequence[int],
+                    question_types: Sequence[str], seed: int,
+                    builder: PromptBuilder | None = None) -> list[Trial]:
+    """``steps`` chat-template trials, one a training step, in a seeded order.
+
+    Every (question type, length, distractor count) group gets an equal share; each share
+    is a stratified sample of (entry, test, depth) with three characters an entry.
+
+    Raises:
+        DataFormatError, HaystackTooShortError: see :func:`build_nolima_trials`.
+    """
+    builder = builder or PromptBuilder(tokenizer)
+    groups = [(q, L, n) for q in question_types for L in lengths for n in distractors]
+    share = -(-steps // len(groups))
+    out: list[Trial] = []
+    for g, (qtype, length, n) in enumerate(groups):
+        items = expand_needle_set(entries, [qtype])
+        out += build_nolima_trials(
+            tokenizer, items, haystacks, lengths=[length], depths=TRAIN_DEPTHS,
+            num_examples=share, characters_per_entry=3, chat_template=True,
+            seed=seed * 1000 + g, builder=builder, distractors=n)
+    random.Random(f"elicit-order:{seed}").shuffle(out)
+    return out[:steps]
+
+
+def validation_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
+                      haystacks: Sequence[Haystack], *, n: int, length: int,
+                      question_types: Sequence[str], seed: int,
+                      builder: PromptBuilder | None = None) -> dict[str, list[Trial]]:
+    """``n`` trials per question type on the validation entries, one distractor each,
+    ``{question type: trials}``."""
+    builder = builder or PromptBuilder(tokenizer)
+    return {q: build_nolima_trials(
+        tokenizer, expand_needle_set(entries, [q]), haystacks, lengths=[length],
+        depths=TRAIN_DEPTHS, num_examples=n, chat_template=True, seed=seed + 7,
+        builder=builder, distractors=1) for q in question_types}
