@@ -12,6 +12,7 @@ import pandas as pd
 
 from locos_tl.experiments.protocol import common as util
 from locos_tl.experiments.protocol.common import DS_METRICS, _ints, _questions
+from locos_tl.experiments.protocol.paired import paired_table
 from locos_tl.experiments.protocol.stages import job_keys
 from locos_tl.experiments.protocol.tables import (
     compression_accuracy,
@@ -46,6 +47,9 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
             tables[qtype, length] = ev
     head = headline(tables, k_head, values)
     head.to_csv(out / "headline.csv", index=False)
+    paired = [paired_table(v).assign(question=q, length=n) for (q, n), v in values.items()]
+    if paired:
+        pd.concat(paired, ignore_index=True).to_csv(out / "paired.csv", index=False)
     summary: dict[str, Any] = {"model": args.model, "n_layers": L, "n_heads": H,
                                "preset": args.preset, "settings": vars(args)}
     for name, hs in scores.items():
@@ -122,7 +126,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
 
 
 #: the small result files copied into the docs (``--publish``); the run keeps the rest
-PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "args.json",
+PUBLISHED = ("summary.json", "headline.csv", "dissociation.csv", "paired.csv", "args.json",
              "detect/meta.json", "detect/trials.jsonl",  # detection records (resume)
              "detect_niah/meta.json", "detect_niah/trials.jsonl",
              "means.safetensors",  # the calibrated query means (resume: see RESUMABLE)
