@@ -122,6 +122,21 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     assert len(script.job_keys(full, {"locos": ranking}, 30, 9)) == 1 + 5 * (1 + 3 + 1)
     with pytest.raises(SystemExit, match="unknown --methods entry 'wu'"):
         script.rankings_for_ablation({"locos": ranking}, "locos,wu")
+    # a ranking that accepted no detection trial (a model that rarely answers) is left
+    # out; without LOCOS there is no bottom-k control, and with nothing ranked only the
+    # baseline runs (no error)
+    calls.clear()
+    empty = lt.HeadScores(method="locos", trial_scores=torch.rand(0, 30, 9))
+    dla = lt.HeadScores(method="dla", trial_scores=torch.rand(3, 30, 9))
+    some = script.parse_args(argv[:-2] + ["--methods", "locos,dla"])
+    script.ablate(None, some, tmp_path, {"locos": empty, "dla": dla}, means=None)
+    assert [list(sets) for sets, _ in calls] == [["dla"]] * 3
+    assert all(kw["bottom"] is None and kw.get("random", True) for _, kw in calls)
+    assert ("locos_bottom", 5, 0) not in script.job_keys(some, {"locos": empty, "dla": dla},
+                                                        30, 9)
+    calls.clear()
+    script.ablate(None, some, tmp_path, {"locos": empty}, means=None)
+    assert all(sets == {} and kw["random"] is False for sets, kw in calls)
 
 
 def test_compression_sweep_resumes_per_trial_and_fraction(script, tmp_path, monkeypatch):

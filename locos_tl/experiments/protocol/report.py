@@ -109,7 +109,9 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
                    figs / f"heatmap_{name}")
     valid = [scores[m] for m in ("locos", "wu_niah", "wu") if m in scores
              and scores[m].n_trials]
-    _write(lt.plot.layer_distribution(valid, k=min(20, L * H)), figs / "layer_distribution")
+    if valid:
+        _write(lt.plot.layer_distribution(valid, k=min(20, L * H)),
+               figs / "layer_distribution")
     for agree in sorted((out / "patch").glob("agreement_*_cri.csv")):
         name = agree.stem.removeprefix("agreement_").removesuffix("_cri")
         summary.setdefault("vs_cri", {})[name] = (

@@ -171,8 +171,10 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
                   bottom="locos", max_new_tokens=args.eval_max_new_tokens,
                   workers=args.workers, extend=True)  # --n-eval may grow (nested)
-    if _baseline_only(args.methods):
+    if _baseline_only(args.methods) or not head_sets:  # nothing ranked: baseline only
         common.update(random=False, bottom=None)
+    elif "locos" not in head_sets:  # LOCOS accepted no trial: no bottom-k control
+        common.update(bottom=None)
     if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
         common["ray_init_kwargs"] = RAY_NICE_0
     for length in _ints(args.eval_lengths):
@@ -200,8 +202,8 @@ def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
     ks, seeds = args.ks, args.random_seeds
     if control:
         ks, seeds = args.control_ks or ks, args.control_seeds or seeds
-    only = _baseline_only(args.methods)
-    jobs = build_jobs(rankings_for_ablation(scores, args.methods), _ints(ks),
-                      n_layers=L, n_heads=H, seeds=_ints(seeds), random=not only,
-                      bottom=None if only else "locos")
+    sets = rankings_for_ablation(scores, args.methods)
+    only = _baseline_only(args.methods) or not sets
+    jobs = build_jobs(sets, _ints(ks), n_layers=L, n_heads=H, seeds=_ints(seeds),
+                      random=not only, bottom="locos" if "locos" in sets else None)
     return {(j.method, j.k, j.seed): j.key for j in jobs}
