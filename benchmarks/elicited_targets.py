@@ -67,11 +67,16 @@ def main() -> None:
         print(f"{name}: {time.perf_counter() - t0:.0f} s")  # noqa: T201
     table = pd.concat(frames, ignore_index=True)
     Path(args.out).mkdir(parents=True, exist_ok=True)
+    old = Path(args.out) / "targets.csv"
+    if old.exists():  # other models' rows of an earlier call stay
+        prev = pd.read_csv(old)
+        table = pd.concat([prev[~prev["model"].isin(table["model"])], table],
+                          ignore_index=True)
     table.to_csv(Path(args.out) / "targets.csv", index=False)
     if args.publish:
         Path(args.publish).mkdir(parents=True, exist_ok=True)
         table.to_csv(Path(args.publish) / "targets.csv", index=False)
-    print(table.to_markdown(index=False, floatfmt=".3f"))  # noqa: T201
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))  # noqa: T201
 
 
 if __name__ == "__main__":

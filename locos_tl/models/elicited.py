@@ -21,8 +21,9 @@ from locos_tl.errors import ModelLoadError
 from locos_tl.models.gguf_cache import (
     SOURCE_FILE,
     cache_root,
-    damaged_error,
+    entry_lock,
     entry_problems,
+    install_entry,
     is_prepared,
     manifest,
     sha256_file,
@@ -109,32 +110,27 @@ def merge(entry: ElicitedModel, base_dir: Path, *,
             ``repair`` is off (the message names ``locos models fetch NAME``); ``peft``
             is not installed (the ``elicit`` extra).
     """
-    from filelock import FileLock
-
     dest = entry.directory
-    locks = cache_root() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"{dest.name}.lock")):
-        if is_prepared(dest):
-            problems = entry_problems(dest, verify=repair)
-            if not problems:
-                return dest
-            if not repair:
-                raise damaged_error(dest, problems, f"locos models fetch {entry.name}")
-        if log:
-            log(f"merging the adapter of {entry.name} into {entry.base} (float32)")
+    say = log or (lambda _msg: None)
+    with entry_lock(dest, dest.name, repair=repair, fix=f"locos models fetch {entry.name}",
+                    log=say) as build:
+        if not build:
+            return dest
+        say(f"merging the adapter of {entry.name} into {entry.base} (float32)")
         tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        _merged(entry, base_dir).save_pretrained(tmp)
-        for f in base_dir.iterdir():
-            if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_t")):
-                shutil.copy2(f, tmp / f.name)
-        record = {"elicited": entry.name, "base": entry.base, "base_directory": str(base_dir),
-                  "adapter": str(entry.adapter),
-                  "adapter_sha256": entry.adapter_sha256(), "files": manifest(tmp)}
-        (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
-        shutil.rmtree(dest, ignore_errors=True)
-        os.replace(tmp, dest)
+        try:
+            _merged(entry, base_dir).save_pretrained(tmp)
+            for f in base_dir.iterdir():
+                if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_t")):
+                    shutil.copy2(f, tmp / f.name)
+            record = {"elicited": entry.name, "base": entry.base,
+                      "base_directory": str(base_dir), "adapter": str(entry.adapter),
+                      "adapter_sha256": entry.adapter_sha256(), "files": manifest(tmp)}
+            (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
+            install_entry(tmp, dest)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return dest
 
 

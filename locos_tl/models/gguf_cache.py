@@ -20,7 +20,8 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -145,14 +146,16 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def remove_stale_temporaries(digest: str | None = None) -> list[Path]:
-    """Remove the temporary folders of killed preparations (``<sha>.tmp-<pid>`` whose
-    process is gone; every one of ``digest``, whose lock the caller holds).
+def remove_stale_temporaries(digest: str | None = None,
+                             root: Path | None = None) -> list[Path]:
+    """Remove the temporary folders of killed preparations (``<name>.tmp-<pid>`` whose
+    process is gone; every one of entry ``digest``, whose lock the caller holds) in
+    ``root`` (default: the GGUF entries' folder).
 
     Returns:
         The folders removed.
     """
-    root = cache_root() / "gguf"
+    root = root or cache_root() / "gguf"
     removed = []
     for tmp in root.glob("*.tmp-*") if root.is_dir() else ():
         sha, _, pid = tmp.name.partition(".tmp-")
@@ -160,6 +163,41 @@ def remove_stale_temporaries(digest: str | None = None) -> list[Path]:
             shutil.rmtree(tmp, ignore_errors=True)
             removed.append(tmp)
     return removed
+
+
+@contextmanager
+def entry_lock(out: Path, lock: str, *, repair: bool, fix: str,
+               log: Callable[[str], None]) -> Iterator[bool]:
+    """Hold the file lock ``<cache>/locks/<lock>.lock`` of the prepared entry ``out``
+    (a second process waits, then finds the entry done), remove the temporaries of
+    killed preparations beside it, and yield whether ``out`` must be built: it is
+    missing, or damaged and ``repair`` is on.
+
+    Raises:
+        ModelLoadError: ``out`` is damaged and ``repair`` is off (the message names
+            the command ``fix``).
+    """
+    from filelock import FileLock
+
+    locks = cache_root() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(locks / f"{lock}.lock")):
+        remove_stale_temporaries(out.name, out.parent)
+        problems = entry_problems(out, verify=repair) if is_prepared(out) else None
+        if problems and not repair:
+            raise damaged_error(out, problems, fix)
+        if problems:
+            log(f"repairing {out}: {'; '.join(problems)}")
+        yield problems != []
+
+
+def install_entry(tmp: Path, out: Path) -> None:
+    """Move a finished temporary folder into place (a damaged ``out`` is replaced): a
+    directory under an entry's name is always complete."""
+    if out.exists():
+        shutil.rmtree(out)
+    tmp.rename(out)
 
 
 def read_source(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -246,8 +284,6 @@ def prepare_gguf(
             restored (the field, the architecture and the fix are named); the entry is
             damaged and ``repair`` is False (the files, and the command that repairs it).
     """
-    from filelock import FileLock
-
     src = Path(path).expanduser().resolve()
     if not src.is_file():
         raise ModelLoadError(f"GGUF file {str(path)!r} does not exist")
@@ -258,19 +294,10 @@ def prepare_gguf(
     if is_prepared(out) and not entry_problems(out, verify=repair):
         return out
     say = log or (lambda _msg: None)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    locks = cache_root() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    # one preparation of a file at a time; a second process waits, then finds it done
-    with FileLock(str(locks / f"gguf-{digest}.lock")):
-        remove_stale_temporaries(digest)
-        if is_prepared(out):
-            problems = entry_problems(out, verify=repair)
-            if not problems:
-                return out
-            if not repair:
-                raise damaged_error(out, problems, f"locos models fetch {src}")
-            say(f"repairing {out}: {'; '.join(problems)}")
+    with entry_lock(out, f"gguf-{digest}", repair=repair, fix=f"locos models fetch {src}",
+                    log=say) as build:
+        if not build:
+            return out
         plan = check_file(src)  # refuses a file transformers would load as another model
         quant = quantization_type(src)
         say(f"dequantizing {src.name} ({quant.get('file_type', '?')}, "
@@ -295,9 +322,7 @@ def prepare_gguf(
                 "files": manifest(tmp),
             }
             (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
-            if out.exists():  # damaged or left by an interrupted earlier preparation
-                shutil.rmtree(out)
-            tmp.rename(out)  # atomic: a directory under the key is always complete
+            install_entry(tmp, out)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
