@@ -258,6 +258,7 @@ def greedy_decode(
     prompt_window: int = 0,
     on_prompt_rows: Callable[[int, Tensor], None] | None = None,
     decode_engine: DecodeEngine = "auto",
+    score_continuations: Sequence[Sequence[int]] | None = None,
 ) -> DecodeResult:
     """Free greedy decoding, calling ``on_step`` at every step.
 
@@ -291,6 +292,11 @@ def greedy_decode(
             SDPA twin, when it runs every attached hook; else the bridge, see
             :func:`step_engine`), ``"twin"`` or ``"bridge"`` (the TransformerBridge with
             ``hook_pattern`` hooks: the reference).
+        score_continuations: token-id sequences (say a target's and each distractor's
+            name) whose teacher-forced log-probability right after the prompt is read
+            from the prefill's KV cache before decoding (a copy of it: decoding is
+            unchanged), on the same engine and under the same hooks as the decoding:
+            no second prompt forward. In ``DecodeResult.continuation_logprobs``.
 
     Returns:
         The generated ids (the stop token included), the decoded response text (stop
@@ -301,7 +307,7 @@ def greedy_decode(
         ValueError: ``max_new_tokens`` is not an integer >= 1.
         TrialError: ``tokens`` is not a sequence or tensor of integer ids (a string, a
             float: the message says which); empty prompt; prompt + ``max_new_tokens``
-            longer than ``n_ctx``.
+            (or + a continuation) longer than ``n_ctx``; an empty continuation.
         NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
     check_stop_rule(stop_rule)
@@ -328,6 +334,8 @@ def greedy_decode(
     cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
                               if on_prompt_rows is not None else 0, on_prompt_rows,
                               mode=prefill_mode, chunk_size=chunk_size)
+    scored = (_continuation_logprobs(model, eng, cache, ids[0, -1], score_continuations)
+              if score_continuations is not None else None)
     rows: dict[int, Tensor] = {}
     scales: dict[str, Tensor] = {}
 
@@ -400,4 +408,38 @@ def greedy_decode(
     finally:
         if twin_scales is not None:
             twin_scales.remove()
-    return rules.result(state, N, generated)
+    result = rules.result(state, N, generated)
+    result.continuation_logprobs = scored
+    return result
+
+
+def _continuation_logprobs(model: Any, eng: Any, cache: Any, last_id: Tensor,
+                           continuations: Sequence[Sequence[int]]) -> list[float]:
+    """Teacher-forced log-probabilities (nats) of ``continuations`` after a prompt
+    whose first ``N - 1`` tokens are in ``cache`` and whose last token is ``last_id``:
+    one batch-1 forward of ``[last_id, *c[:-1]]`` per continuation on a copy of the
+    cache, through the decoding's engine."""
+    import copy
+
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    n_cached = int(cache.get_seq_length())
+    out = []
+    for c in continuations:
+        c = [int(x) for x in c]
+        if not c:
+            raise TrialError("a continuation with no tokens has no log-probability")
+        if n_ctx and n_cached + len(c) > n_ctx:
+            raise TrialError(f"prompt of {n_cached + 1} tokens + a continuation of "
+                             f"{len(c)} tokens is longer than the model's context "
+                             f"n_ctx={n_ctx}")
+        step = torch.tensor([[int(last_id), *c[:-1]]], device=last_id.device)
+        kv = copy.deepcopy(cache)
+        if eng.path in ("eager_twin", "sdpa_twin"):
+            logits = eng.twin(step, past_key_values=kv, use_cache=True).logits[0]
+        else:
+            logits = model.run_with_hooks(step, fwd_hooks=[], past_key_values=kv,
+                                          use_cache=True, return_type="logits")[0]
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        target = torch.tensor(c, device=logp.device)
+        out.append(float(logp[torch.arange(len(c), device=logp.device), target].sum()))
+    return out

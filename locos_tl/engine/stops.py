@@ -71,6 +71,9 @@ class DecodeResult:
         response_start: index in ``generated`` of the first step after the reasoning
             block (0 without one; ``len(generated)`` when the block never closed).
         thinking: the decoded reasoning block (markers excluded), ``""`` without one.
+        continuation_logprobs: with ``score_continuations``, the teacher-forced
+            log-probability (nats, summed over tokens) of each continuation right after
+            the prompt; else ``None``.
     """
 
     prompt_len: int
@@ -79,6 +82,7 @@ class DecodeResult:
     stopped_by: str
     response_start: int = 0
     thinking: str = ""
+    continuation_logprobs: list[float] | None = None
 
 
 @dataclass

@@ -35,7 +35,7 @@ from locos_tl.engine.ablation import (
 )
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.engine.stops import StopRule, check_stop_rule
-from locos_tl.experiments.margin import name_margin as margin_of
+from locos_tl.experiments.margin import candidate_token_ids, margin_of_logprobs
 from locos_tl.experiments.run_table import (
     AblationJob,
     directory_table,
@@ -360,11 +360,15 @@ def ablation_sweep(
             continue
         with ablate(model, list(heads), mode, means=means):
             for t in pending:
+                # the margin's names are scored from the decoding's prefill (one prompt
+                # forward per generation)
+                names = candidate_token_ids(model.tokenizer, t) if name_margin else None
                 res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
                                     stop_at_newline=stop_at_newline, prefill_mode="auto",
                                     chunk_size=chunk_size, stop_rule=stop_rule,
-                                    thinking=thinking)
-                margin = margin_of(model, t)["name_margin"] if name_margin else None
+                                    thinking=thinking, score_continuations=names)
+                margin = (margin_of_logprobs(t, res.continuation_logprobs)["name_margin"]
+                          if name_margin else None)
                 keep(key, t, res.text, res.generated, res.stopped_by, margin)
                 bar.update(1)
     bar.close()

@@ -115,10 +115,28 @@ def name_margin(model: Any, trial: Trial) -> dict[str, Any]:
         TrialError: no distractor names; a name that tokenizes to nothing; prompt and
             name longer than the model's ``n_ctx``.
     """
+    ids = candidate_token_ids(model.tokenizer, trial)
+    return margin_of_logprobs(trial, name_logprobs(model, trial.tokens, ids))
+
+
+def candidate_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
+    """Token ids of the target's name, then each distractor's, as they would start the
+    answer (:func:`name_prefix`).
+
+    Raises:
+        TrialError: no distractor names; a name that tokenizes to nothing.
+    """
     target, rivals = candidate_names(trial)
     prefix = name_prefix(trial)
-    ids = [name_token_ids(model.tokenizer, n, prefix) for n in [target, *rivals]]
-    logp = name_logprobs(model, trial.tokens, ids)
+    return [name_token_ids(tokenizer, n, prefix) for n in [target, *rivals]]
+
+
+def margin_of_logprobs(trial: Trial, logp: Sequence[float] | Tensor) -> dict[str, Any]:
+    """:func:`name_margin`'s record from the log-probabilities (nats) of the names of
+    :func:`candidate_token_ids`, computed elsewhere (say from a decoding's KV cache:
+    ``greedy_decode(..., score_continuations=...)``)."""
+    _, rivals = candidate_names(trial)
+    logp = torch.as_tensor(logp, dtype=torch.float64)
     best = int(torch.argmax(logp[1:])) + 1
     return {"name_margin": float(logp[0] - logp[best]), "logp_target": float(logp[0]),
             "logp_best_distractor": float(logp[best]), "best_distractor": rivals[best - 1]}

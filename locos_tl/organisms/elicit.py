@@ -286,6 +286,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     result = train_adapter(model, tok, train, val, cfg, out, device=device, log=log)
     adapter = out / "adapter"
     model.save_pretrained(adapter)
+    (adapter / "README.md").unlink(missing_ok=True)  # peft's empty card template
     record = {"config": cfg.to_dict(), "base_directory": str(base_dir),
               "base_config_sha256": _sha(base_dir / "config.json"),
               "validation_entries": [e.id for e in val_entries],
