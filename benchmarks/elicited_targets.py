@@ -4,8 +4,8 @@ ability (:mod:`locos_tl.experiments.elicit_targets`).
 For each model, on held-out entries (the ``everyday`` evaluation set, evaluation names,
 the Mohicans books; the adapter was trained on ``everyday_train`` over Dracula), greedy:
 how often the answer names the target and a distractor, per cell (question, length,
-distractors); then parametric and arithmetic controls (exact match) and perplexity on
-Mohicans part 1. Resumable (``--out``); prints one table and writes ``targets.csv``::
+distractors); then parametric and arithmetic controls ("contains", and exact match) and
+perplexity on Mohicans part 1. Resumable (``--out``); prints one table and writes ``targets.csv``::
 
     python benchmarks/elicited_targets.py --out runs/elicited_targets \\
         --publish docs/real_models/smollm2-nolima
@@ -57,9 +57,13 @@ def main() -> None:
                                    random=False, bottom=None, scorer="control",
                                    out_dir=out / f"control_{kind}", max_new_tokens=16,
                                    progress=False)
-            em = ev[(ev["method"] == "baseline") & (ev["metric"] == "exact_match")]
-            df.loc[len(df)] = {"question": kind, "n": int(em["n_trials"].iloc[0]),
-                               "target": float(em["value"].iloc[0])}
+            base = ev[ev["method"] == "baseline"].set_index("metric")
+            # "contains" (the gold answer anywhere in the response) is the control metric of
+            # the protocol's DS(k); a chat model answers in sentences, so exact match is
+            # near 0 for it and is kept only as a column
+            df.loc[len(df)] = {"question": kind, "n": int(base["n_trials"].iloc[0]),
+                               "target": float(base.loc["contains", "value"]),
+                               "exact_match": float(base.loc["exact_match", "value"])}
         ppl = perplexity(model, hay[0].text)
         df.loc[len(df)] = {"question": "perplexity (Mohicans 1)", "target": ppl}
         df.insert(0, "model", name)
