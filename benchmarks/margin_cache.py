@@ -35,15 +35,18 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8, help="trials")
     ap.add_argument("--length", type=int, default=1000)
     ap.add_argument("--distractors", type=int, default=1)
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--template", choices=("chat", "completion"), default="chat")
     args = ap.parse_args()
 
-    model = lt.load_model(args.model, device="cpu")
+    model = lt.load_model(args.model, device="cpu", dtype=args.dtype)
     books = Path(args.data_dir) / "haystack"
     hay = lt.load_haystacks([books / "mohicans_part1.txt"])
     items = lt.expand_needle_set(lt.load_needle_set("everyday"), ["onehop"])
     trials = lt.build_nolima_trials(model.tokenizer, items, hay, lengths=[args.length],
                                     depths=[25, 75], num_examples=args.n, seed=0,
-                                    chat_template=True, distractors=args.distractors)
+                                    chat_template=args.template == "chat",
+                                    distractors=args.distractors)
     greedy_decode(model, trials[0].tokens, max_new_tokens=2)  # warm-up
     rows = []
     for t in trials:
@@ -60,7 +63,7 @@ def main() -> None:
                      "margin_diff": abs(full - cached)})
     df = pd.DataFrame(rows)
     print(f"{args.model}, {len(trials)} trials of {args.length} tokens, "  # noqa: T201
-          f"{args.distractors} distractor(s), {torch.get_num_threads()} threads")
+          f"{args.distractors} distractor(s), {args.dtype}, {torch.get_num_threads()} threads")
     print(pd.DataFrame({  # noqa: T201
         "per generation": ["decode + full-forward margin", "decode, margin from its cache"],
         "mean s": [df.full_forward_s.mean(), df.prefill_cache_s.mean()],
