@@ -411,3 +411,34 @@ def test_ablated_decoding_on_twin_equals_bridge(real, record_property):
     effect = float((a[0] - real.reference["logits"]).abs().max())  # vs the clean step 0
     record_property("ablation_effect", effect)
     assert effect > 100 * real.tol
+
+
+def test_ablated_decoding_on_a_layer_prefix_equals_the_full_prompt(real, record_property):
+    """Layer-prefix reuse (locos_tl.engine.prefix) at real scale: a 720-760 token prompt
+    (Gemma-3-270m: longer than its 512-token windows), head sets starting in the middle
+    and near the top; the same kernels on the same inputs, so bit-equal."""
+    from locos_tl.engine.ablation import ablate, calibrate_means
+    from locos_tl.engine.decode import greedy_decode
+    from locos_tl.engine.prefix import prompt_prefix
+
+    model, tokens = real.bridge, real.main.tokens
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    sets = [[(L // 2, 0), (L - 1, 1)], [(L - 3, h) for h in range(H)]]
+    means = calibrate_means(model, [real.trials[2].tokens[:100], real.trials[2].tokens[-100:]])
+    prefix = prompt_prefix(model, tokens, sets)
+    assert sorted(prefix.resid) == sorted({L // 2, L - 3})
+    kw = dict(max_new_tokens=3, stop_at_newline=False, stop_at_eos=False,
+              score_continuations=[tokens[-3:], tokens[5:7]])
+    for heads in sets:
+        runs = []
+        for pre in (None, prefix):
+            steps: list[torch.Tensor] = []
+            with ablate(model, heads, "query_mean", means=means):
+                res = greedy_decode(model, tokens,
+                                    on_step=lambda s, out=steps: out.append(s.logits),
+                                    prefix=pre, **kw)
+            runs.append((res.generated, torch.stack(steps), res.continuation_logprobs))
+        assert runs[0][0] == runs[1][0]
+        assert torch.equal(runs[0][1], runs[1][1])
+        assert runs[0][2] == runs[1][2]
+    record_property("prefix_resid_bytes", prefix.nbytes)

@@ -281,6 +281,9 @@ def ablate(
                                                 "contains_newline.")] = "newline_token",
     thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
                                                 "the stop rule and the metric.")] = True,
+    reuse_prefix: Annotated[bool, typer.Option(
+        help="Compute each ablated prompt from its lowest ablated layer on one unablated "
+             "prefill per trial (same tokens; --no-reuse-prefix recomputes it all).")] = True,
     control: Annotated[Path | None, typer.Option(
         help="Specificity-control trials (`locos build-trials parametric|arithmetic|"
              "organism-echo`): run the same ablations on them and write DS(k) "
@@ -402,6 +405,7 @@ def ablate(
                           out_dir=out, max_new_tokens=max_new_tokens,
                           stop_at_newline=stop_at_newline, stop_rule=stop_rule,
                           thinking=thinking, workers=workers, extend=extend,
+                          reuse_prefix=reuse_prefix,
                           ray_address=ray_address,  # its own reuse count:
                           on_resume=lambda n, _: note_resume(out, n, what="generations"))
             # the directory's table evaluate wrote (jobs.json): earlier calls' k and seeds
@@ -415,7 +419,8 @@ def ablate(
                     out_dir=out / "control",
                     max_new_tokens=control_max_new_tokens,
                     stop_at_newline=stop_at_newline, stop_rule=stop_rule, thinking=thinking,
-                    workers=workers, ray_address=ray_address, extend=extend)
+                    workers=workers, ray_address=ray_address, extend=extend,
+                    reuse_prefix=reuse_prefix)
                 df_control = pd.read_csv(out / "control" / "evaluation.csv")
                 ds = write_dissociation(out, df, df_control, control=control,
                                         retrieval_metric=r_metric,

@@ -37,6 +37,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from locos_tl.engine.continuations import check_continuations, continuation_logprob
 from locos_tl.engine.forward import (
     DECODE_ENGINES,
     DecodeEngine,
@@ -48,11 +49,13 @@ from locos_tl.engine.forward import (
     _step_values,
     _TwinScales,
     engine_paths,
+    fork_cache,
     prefill,
     prefill_with_rows,
     step_engine,
 )
 from locos_tl.engine.kernel import phi_layer
+from locos_tl.engine.prefix import PromptPrefix, prefill_from
 from locos_tl.engine.stops import (
     STOP_RULES,
     DecodeResult,
@@ -259,6 +262,7 @@ def greedy_decode(
     on_prompt_rows: Callable[[int, Tensor], None] | None = None,
     decode_engine: DecodeEngine = "auto",
     score_continuations: Sequence[Sequence[int]] | None = None,
+    prefix: PromptPrefix | None = None,
 ) -> DecodeResult:
     """Free greedy decoding, calling ``on_step`` at every step.
 
@@ -297,6 +301,14 @@ def greedy_decode(
             from the prefill's KV cache before decoding (a copy of it: decoding is
             unchanged), on the same engine and under the same hooks as the decoding:
             no second prompt forward. In ``DecodeResult.continuation_logprobs``.
+        prefix: the unablated prefill of the same prompt without its last token
+            (:func:`locos_tl.engine.prefix.capture_prefix`): the prompt is then computed
+            from the lowest layer the open interventions touch
+            (:func:`locos_tl.engine.prefix.prefill_from`), the same cache as a full
+            prefill. Ignored (a full prefill) when it cannot be exact: other tokens, a
+            hook the twin cannot run, ``prefill_mode`` other than ``"auto"``, a
+            ``chunk_size`` shorter than the prompt, attention rows asked for
+            (``on_prompt_rows``), or that layer's ``resid_pre`` not kept.
 
     Returns:
         The generated ids (the stop token included), the decoded response text (stop
@@ -331,9 +343,14 @@ def greedy_decode(
     scale_hooks = directions.hook_names() if directions is not None else []
     eng = step_engine(model, decode_engine, rows=on_step is not None)
 
-    cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
-                              if on_prompt_rows is not None else 0, on_prompt_rows,
-                              mode=prefill_mode, chunk_size=chunk_size)
+    cache = None
+    if (prefix is not None and on_prompt_rows is None and prefill_mode == "auto"
+            and (chunk_size is None or chunk_size >= N - 1)):
+        cache = prefill_from(model, prefix, ids[:, :-1])
+    if cache is None:
+        cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
+                                  if on_prompt_rows is not None else 0, on_prompt_rows,
+                                  mode=prefill_mode, chunk_size=chunk_size)
     scored = (_continuation_logprobs(model, eng, cache, ids[0, -1], score_continuations)
               if score_continuations is not None else None)
     rows: dict[int, Tensor] = {}
@@ -417,29 +434,18 @@ def _continuation_logprobs(model: Any, eng: Any, cache: Any, last_id: Tensor,
                            continuations: Sequence[Sequence[int]]) -> list[float]:
     """Teacher-forced log-probabilities (nats) of ``continuations`` after a prompt
     whose first ``N - 1`` tokens are in ``cache`` and whose last token is ``last_id``:
-    one batch-1 forward of ``[last_id, *c[:-1]]`` per continuation on a copy of the
-    cache, through the decoding's engine."""
-    import copy
-
-    n_ctx = getattr(model.cfg, "n_ctx", None)
-    n_cached = int(cache.get_seq_length())
+    one batch-1 forward of ``[last_id, *c[:-1]]`` per continuation on a fork of the
+    cache (:func:`fork_cache`: no tensor copied), through the decoding's engine."""
+    conts = [[int(x) for x in c] for c in continuations]
+    check_continuations(model, int(cache.get_seq_length()) + 1, conts)
     out = []
-    for c in continuations:
-        c = [int(x) for x in c]
-        if not c:
-            raise TrialError("a continuation with no tokens has no log-probability")
-        if n_ctx and n_cached + len(c) > n_ctx:
-            raise TrialError(f"prompt of {n_cached + 1} tokens + a continuation of "
-                             f"{len(c)} tokens is longer than the model's context "
-                             f"n_ctx={n_ctx}")
+    for c in conts:
         step = torch.tensor([[int(last_id), *c[:-1]]], device=last_id.device)
-        kv = copy.deepcopy(cache)
+        kv = fork_cache(model, cache)
         if eng.path in ("eager_twin", "sdpa_twin"):
             logits = eng.twin(step, past_key_values=kv, use_cache=True).logits[0]
         else:
             logits = model.run_with_hooks(step, fwd_hooks=[], past_key_values=kv,
                                           use_cache=True, return_type="logits")[0]
-        logp = torch.log_softmax(logits.float(), dim=-1)
-        target = torch.tensor(c, device=logp.device)
-        out.append(float(logp[torch.arange(len(c), device=logp.device), target].sum()))
+        out.append(float(continuation_logprob(logits, c)))
     return out

@@ -31,8 +31,8 @@ from locos_tl.engine.interventions import hooks_reproducible, lens_hooks_attache
 from locos_tl.engine.twin import sdpa_twin, twin_info
 from locos_tl.errors import LocosError
 
-__all__ = ["DECODE_ENGINES", "DecodeEngine", "StepEngine", "engine_paths", "prefill",
-           "prefill_with_rows", "step_engine"]
+__all__ = ["DECODE_ENGINES", "DecodeEngine", "StepEngine", "engine_paths", "fork_cache",
+           "prefill", "prefill_with_rows", "step_engine"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,18 @@ def _new_cache(model: Any) -> Any:
     from transformers import DynamicCache
 
     return DynamicCache(config=_hf_model(model).config)
+
+
+def fork_cache(model: Any, cache: Any) -> Any:
+    """A new KV cache holding ``cache``'s state with no tensor copied: each layer is a
+    shallow copy. Safe because transformers' dynamic layers grow by concatenation and
+    a sliding layer trims by slicing, never writing in place: a forward on the fork
+    leaves ``cache`` as it was."""
+    import copy
+
+    fork = _new_cache(model)
+    fork.layers = [copy.copy(layer) for layer in cache.layers]
+    return fork
 
 
 @torch.no_grad()

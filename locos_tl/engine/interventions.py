@@ -250,3 +250,19 @@ def engine(model: Any) -> Engine:
     """``"twin"`` when the SDPA twin exists and reproduces every attached hook
     (:func:`hooks_reproducible`), else ``"bridge"``."""
     return "twin" if hooks_reproducible(model) and sdpa_twin(model) is not None else "bridge"
+
+
+_LAYER = re.compile(r"^blocks\.(\d+)\.")
+
+
+def lowest_intervened_layer(model: Any) -> int | None:
+    """The lowest layer any open :func:`intervene` block writes to (its hook names'
+    ``blocks.{l}``), 0 when a hook sits outside the blocks (say ``hook_embed``), or None
+    when no block is open. Every layer below it computes exactly what an unintervened
+    forward computes: interventions act only forward."""
+    layers = []
+    for entry in _ACTIVE.get(model, ()):
+        for name, _ in entry.hooks:
+            m = _LAYER.match(name) if isinstance(name, str) else None
+            layers.append(int(m.group(1)) if m else 0)
+    return min(layers) if layers else None

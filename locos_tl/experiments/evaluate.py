@@ -34,6 +34,7 @@ from locos_tl.engine.ablation import (
     random_heads,
 )
 from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
 from locos_tl.engine.stops import StopRule, check_stop_rule
 from locos_tl.experiments.margin import candidate_token_ids, margin_of_logprobs
 from locos_tl.experiments.run_table import (
@@ -171,6 +172,8 @@ def ablation_sweep(
     on_resume: Callable[[int, int], None] | None = None,
     extend: bool = False,
     name_margin: bool | None = None,
+    reuse_prefix: bool = True,
+    prefix_bytes: int = DEFAULT_PREFIX_BYTES,
     **distributed_kwargs: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
@@ -230,9 +233,16 @@ def ablation_sweep(
             ``out_dir``: a call that finds every generation recorded leaves it as it is.
         name_margin: also record each generation's teacher-forced name margin under
             the ablation (:func:`locos_tl.experiments.margin.name_margin`, nats; metric
-            ``name_margin``): one batched forward per (head set, trial). Default: when
-            every trial has distractor needles (``meta["distractor_names"]``). The local
-            executor computes it; with Ray workers it is left out (a warning says so).
+            ``name_margin``), read from the decoding's own prefill KV cache (no second
+            prompt forward). Default: when every trial has distractor needles
+            (``meta["distractor_names"]``). The local executor computes it; with Ray
+            workers it is left out (a warning says so).
+        reuse_prefix: compute each ablated prompt from its lowest ablated layer on one
+            unablated prefill per trial (:mod:`locos_tl.engine.prefix`; local executor,
+            SDPA twin, a prompt within ``chunk_size``): the same tokens and logits as
+            recomputing it all, which ``False`` does.
+        prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes, highest layers
+            first); a head set starting beyond it recomputes the prompt.
         **distributed_kwargs: more options of the distributed run (``pool``,
             ``load_kwargs``, ``num_gpus_per_worker``, ...).
 
@@ -287,7 +297,7 @@ def ablation_sweep(
         "model": model_name(model), "dtype": model_dtype(model), "mode": mode,
         "means_hash": means_hash(means),
         "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
-        "stop_rule": stop_rule, "thinking": thinking,
+        "stop_rule": stop_rule, "thinking": thinking, "reuse_prefix": bool(reuse_prefix),
         "scorer": scorer_name(scorer), "ks": sorted({int(x) for x in k}),
         "seeds": [int(s) for s in seeds], "methods": sorted({j.method for j in jobs}),
         "skipped_k": skipped,
@@ -354,23 +364,27 @@ def ablation_sweep(
         )
         todo = []
     bar = tqdm(total=len(todo), desc=f"ablation ({mode})", unit="gen", disable=not progress)
-    for key, heads in sets.items():
-        pending = [t for kk, t in todo if kk == key]
-        if not pending:
-            continue
-        with ablate(model, list(heads), mode, means=means):
-            for t in pending:
-                # the margin's names are scored from the decoding's prefill (one prompt
-                # forward per generation)
-                names = candidate_token_ids(model.tokenizer, t) if name_margin else None
+    pending: dict[str, list[str]] = {}
+    for key, t in todo:  # trial by trial, so one unablated prefix serves its head sets
+        pending.setdefault(t.trial_id, []).append(key)
+    for t in trials:
+        keys = pending.pop(t.trial_id, [])
+        prefix = (prompt_prefix(model, t.tokens, [sets[key] for key in keys],
+                                max_bytes=prefix_bytes) if reuse_prefix else None)
+        # the margin's names are scored from the decoding's prefill (one prompt forward
+        # per generation)
+        names = candidate_token_ids(model.tokenizer, t) if name_margin else None
+        for key in keys:
+            with ablate(model, list(sets[key]), mode, means=means):
                 res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
                                     stop_at_newline=stop_at_newline, prefill_mode="auto",
                                     chunk_size=chunk_size, stop_rule=stop_rule,
-                                    thinking=thinking, score_continuations=names)
-                margin = (margin_of_logprobs(t, res.continuation_logprobs)["name_margin"]
-                          if name_margin else None)
-                keep(key, t, res.text, res.generated, res.stopped_by, margin)
-                bar.update(1)
+                                    thinking=thinking, score_continuations=names,
+                                    prefix=prefix)
+            margin = (margin_of_logprobs(t, res.continuation_logprobs)["name_margin"]
+                      if name_margin else None)
+            keep(key, t, res.text, res.generated, res.stopped_by, margin)
+            bar.update(1)
     bar.close()
 
     per_trial = {t.trial_id: t for t in trials}

@@ -22,6 +22,7 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from locos_tl.engine.continuations import check_continuations, continuation_logprob
 from locos_tl.errors import TrialError
 from locos_tl.trials import Trial
 
@@ -79,15 +80,7 @@ def name_logprobs(
     Raises:
         TrialError: an empty name; prompt and name longer than the model's ``n_ctx``.
     """
-    if any(len(n) == 0 for n in names):
-        raise TrialError("a name with no tokens has no log-probability")
-    from locos_tl.models.load import n_ctx
-
-    limit, need = n_ctx(model), len(tokens) + max(len(n) for n in names) - 1
-    if limit is not None and need > limit:
-        raise TrialError(f"prompt of {len(tokens)} tokens + a name of "
-                         f"{need - len(tokens) + 1} tokens is longer than the model's "
-                         f"context n_ctx={limit}")
+    check_continuations(model, len(tokens), names, what="name")
     device = next(model.parameters()).device
     n_prompt, width = len(tokens), max(len(n) for n in names)
     pad = int(names[0][0])  # any id: right padding never reaches earlier positions
@@ -95,12 +88,9 @@ def name_logprobs(
     for i, n in enumerate(names):
         seq = list(tokens) + list(n[:-1])
         batch[i, : len(seq)] = torch.tensor(seq)
-    logp = torch.log_softmax(_logits(model, batch.to(device)).float(), dim=-1)
-    out = []
-    for i, n in enumerate(names):
-        pos = torch.arange(n_prompt - 1, n_prompt - 1 + len(n), device=device)
-        out.append(logp[i, pos, torch.tensor(n, device=device)].sum())
-    return torch.stack(out).cpu()
+    logits = _logits(model, batch.to(device))
+    return torch.stack([continuation_logprob(logits[i, n_prompt - 1:], n)
+                        for i, n in enumerate(names)]).cpu()
 
 
 def name_margin(model: Any, trial: Trial) -> dict[str, Any]:

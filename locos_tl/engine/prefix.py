@@ -1,0 +1,187 @@
+"""Layer-prefix reuse: an ablated prompt runs from its lowest ablated layer only.
+
+An intervention at layer ``L`` (a head's query or output, :mod:`locos_tl.engine.ablation`)
+acts only forward, so every layer below ``L`` computes exactly what the unablated run
+computes: the residual stream entering layer ``L`` (``resid_pre``) and the KV cache of
+layers ``0 .. L-1`` are the unablated run's. :func:`capture_prefix` keeps them from one
+unablated prefill of a prompt; :func:`prefill_from` then prefills the same prompt under
+the open interventions by running layers ``L ..`` on the kept ``resid_pre`` while the
+layers below hand over their kept cache (a shallow copy: decoding grows a cache by
+concatenation, never in place, so the kept tensors are shared, not duplicated).
+
+Both run on the SDPA twin (:mod:`locos_tl.engine.twin`): the model's own forward builds
+the masks and position embeddings for a fresh cache, and only the decoder layers below
+``L`` are replaced for the call by a replay of their kept state. No model code is forked.
+
+Memory: ``resid_pre`` costs ``seq x d_model`` per kept layer (SmolLM2 at 1000 tokens:
+2.3 MB in float32; an 8B model at 32k tokens in bf16: 268 MB). :func:`capture_prefix`
+keeps only the layers asked for, highest first (they save the most work), up to
+``max_bytes``; a prefill from a layer that was not kept returns None and the caller
+recomputes the whole prompt. Exactness is a test (``tests/test_prefix.py``): the same
+cache, logits and generated tokens as the full recomputation on Llama, Qwen3, Gemma-3
+(sliding windows shorter than the prompt) and OLMo-2 (shared query norm).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from locos_tl.engine.forward import _new_cache, fork_cache
+from locos_tl.engine.interventions import engine, lens_hooks_attached, lowest_intervened_layer
+from locos_tl.engine.twin import sdpa_twin
+
+__all__ = ["DEFAULT_PREFIX_BYTES", "PromptPrefix", "capture_prefix", "prefill_from",
+           "prompt_prefix"]
+
+#: default cap on the kept ``resid_pre`` of one prompt (bytes)
+DEFAULT_PREFIX_BYTES = 1 << 30
+
+
+@dataclass(eq=False)
+class PromptPrefix:
+    """The unablated prefill of one prompt, kept for ablated runs of the same prompt.
+
+    Attributes:
+        tokens: ``[1, P]`` the prefilled ids (a decoding's prompt without its last token).
+        cache: the unablated KV cache of ``tokens`` (a transformers ``DynamicCache``).
+        resid: layer ``L`` -> ``resid_pre`` entering layer ``L``, ``[1, P, d_model]``.
+        skipped: layers asked for but not kept (over ``max_bytes``).
+    """
+
+    tokens: Int[Tensor, "1 P"]
+    cache: Any
+    resid: dict[int, Float[Tensor, "1 P d_model"]]
+    skipped: list[int] = field(default_factory=list)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the kept ``resid_pre`` tensors (the cache not counted)."""
+        return sum(t.numel() * t.element_size() for t in self.resid.values())
+
+
+def _decoder_layers(twin: Any) -> dict[int, torch.nn.Module]:
+    out: dict[int, torch.nn.Module] = {}
+    for name, mod in twin.named_modules():
+        m = re.search(r"(?:^|\.)layers\.(\d+)$", name)
+        if m:
+            out[int(m.group(1))] = mod
+    return out
+
+
+@torch.no_grad()
+def capture_prefix(model: Any, tokens: Tensor, layers: Iterable[int], *,
+                   max_bytes: int = DEFAULT_PREFIX_BYTES) -> PromptPrefix | None:
+    """Prefill ``tokens`` unablated on the SDPA twin, keeping ``resid_pre`` of ``layers``.
+
+    Args:
+        model: a TransformerBridge.
+        tokens: ``[1, P]`` ids, ``P >= 1``.
+        layers: the layers later prefills start from (each head set's lowest ablated
+            layer); layer 0 and layers ``>= n_layers`` need no ``resid_pre`` and are
+            dropped.
+        max_bytes: cap on the kept ``resid_pre``; the highest layers are kept first.
+
+    Returns:
+        The prefix, or None when the model has no SDPA twin (then nothing is reused).
+
+    Raises:
+        ValueError: a hook is attached to the model (the prefix must be unablated).
+    """
+    if lens_hooks_attached(model):
+        raise ValueError("capture_prefix runs the unablated prompt: call it outside any "
+                         "ablate()/intervene() block and with no hook attached")
+    twin = sdpa_twin(model)
+    if twin is None or tokens.shape[1] == 0:
+        return None
+    n_layers = int(model.cfg.n_layers)
+    width = tokens.shape[1] * int(model.cfg.d_model) * next(twin.parameters()).element_size()
+    wanted = sorted({int(l) for l in layers if 0 < int(l) < n_layers}, reverse=True)
+    keep = [l for i, l in enumerate(wanted) if (i + 1) * width <= max_bytes]
+    resid: dict[int, Tensor] = {}
+    mods = _decoder_layers(twin)
+
+    def hook(l: int) -> Any:
+        def pre(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            h = args[0] if args else kwargs["hidden_states"]
+            resid[l] = h.detach().clone()
+
+        return pre
+
+    handles = [mods[l].register_forward_pre_hook(hook(l), with_kwargs=True) for l in keep]
+    try:
+        cache = _new_cache(model)
+        twin(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    finally:
+        for h in handles:
+            h.remove()
+    return PromptPrefix(tokens=tokens, cache=cache, resid=resid,
+                        skipped=[l for l in wanted if l not in resid])
+
+
+def prompt_prefix(model: Any, tokens: Sequence[int], head_sets: Sequence[Sequence[Any]], *,
+                  max_bytes: int = DEFAULT_PREFIX_BYTES) -> PromptPrefix | None:
+    """The prefix a decoding of ``tokens`` (a whole prompt, its last token included)
+    reuses under each of ``head_sets`` (``(layer, head)`` pairs): ``resid_pre`` kept at
+    each set's lowest layer. None when it would serve fewer than two head sets (nothing
+    to reuse), the prompt has fewer than two tokens, or no twin exists."""
+    if len(head_sets) < 2 or len(tokens) < 2:
+        return None
+    device = next(model.original_model.parameters()).device
+    ids = torch.tensor([[int(x) for x in tokens[:-1]]], dtype=torch.long, device=device)
+    starts = [min(int(h[0]) for h in heads) for heads in head_sets if len(heads)]
+    return capture_prefix(model, ids, starts, max_bytes=max_bytes)
+
+
+@torch.no_grad()
+def prefill_from(model: Any, prefix: PromptPrefix, tokens: Tensor) -> Any | None:
+    """The KV cache :func:`locos_tl.engine.forward.prefill` gives ``tokens`` under the
+    interventions open now, computed from their lowest layer up on ``prefix``.
+
+    With no intervention open the cache is the prefix's own (a shallow copy). Returns
+    None, and the caller prefills in full, when the reuse would not be exact or is not
+    possible: ``tokens`` differ from the prefix's, a hook the twin cannot run is
+    attached, or the lowest intervened layer's ``resid_pre`` was not kept.
+    """
+    if tokens.shape != prefix.tokens.shape or not torch.equal(tokens, prefix.tokens):
+        return None
+    if engine(model) != "twin":
+        return None
+    n_layers = int(model.cfg.n_layers)
+    start = lowest_intervened_layer(model)
+    start = n_layers if start is None else start
+    if start >= n_layers:
+        return fork_cache(model, prefix.cache)
+    cache = _new_cache(model)
+    if start == 0 or start not in prefix.resid:
+        return None
+    twin = sdpa_twin(model)
+    mods = _decoder_layers(twin)
+    h_start = prefix.resid[start]
+
+    def replay(l: int) -> Any:
+        def forward(hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+            cache.layers[l] = copy.copy(prefix.cache.layers[l])
+            return h_start if l == start - 1 else hidden_states
+
+        return forward
+
+    own = {l: mods[l].__dict__.get("forward") for l in range(start)}
+    try:
+        for l in range(start):
+            mods[l].forward = replay(l)
+        twin(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    finally:
+        for l, fn in own.items():
+            if fn is None:
+                del mods[l].forward
+            else:
+                mods[l].forward = fn
+    return cache
