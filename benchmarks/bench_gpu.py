@@ -245,8 +245,8 @@ def child(ckpt: str, mode: str, n: int, new: int, device: str, dtype: str) -> No
             lt.score_trials(model, [trial], max_new_tokens=new, progress=False)
             return new
         if mode == "five":
-            lt.score_trials(model, [trial], methods=list(lt.DETECTORS), max_new_tokens=new,
-                            progress=False)
+            lt.score_methods(model, [trial], methods=list(lt.DETECTORS), max_new_tokens=new,
+                             progress=False)
             return new
         if mode == "batched":
             trials = [lt.Trial(tokens=ids_list, needle_span=span, answer="x",

@@ -1,6 +1,6 @@
 """Cost of the baselines and of causal patching (issue 5).
 
-1. Multi-method overhead: ``score_trials(methods=[locos, wu, headkv, attention_spatial,
+1. Multi-method overhead: ``score_methods(methods=[locos, wu, headkv, attention_spatial,
    dla])`` (one decode pass) against ``score_trials(method="locos")``. Target: <= 1.2x.
 2. CRI cost per trial: naive (one head per run over the whole prompt, ``n_heads + 2``
    forwards), with the shared pre-needle KV cache, and batched as well (``--batch-size``
@@ -70,9 +70,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from locos_tl.models.load import load_model
     from locos_tl.experiments.patching import cri_trial
-    from locos_tl.experiments.score import score_trials
+    from locos_tl.experiments.score import score_methods, score_trials
+    from locos_tl.models.load import load_model
     from locos_tl.models.tiny import make_tiny_checkpoint
 
     torch.set_grad_enabled(False)
@@ -94,7 +94,7 @@ def main() -> None:
     for _ in range(args.repeats):  # interleaved, so a load change hits both alike
         t_locos = min(t_locos, _best(lambda: score_trials(model, trials, method="locos",
                                                           **kw), 1))
-        t_all = min(t_all, _best(lambda: score_trials(model, trials, methods=METHODS, **kw),
+        t_all = min(t_all, _best(lambda: score_methods(model, trials, methods=METHODS, **kw),
                                  1))
     print("\n1. one decode pass, several methods")
     print(f"   LOCOS alone:        {t_locos / args.n_trials * 1e3:8.1f} ms/trial")

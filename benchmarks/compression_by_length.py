@@ -34,8 +34,8 @@ def sweep_at(model, n_tokens: int, n_detect: int, n_eval: int, book, fractions) 
 
     detect = [t for task in ("literal", "nonliteral")
               for t in make_trials(task, n_detect, n_tokens=n_tokens, book=book, seed=31)]
-    scores = lt.score_trials(model, detect, methods=["locos", "wu", "headkv"],
-                             max_new_tokens=4, progress=False)
+    scores = lt.score_methods(model, detect, methods=["locos", "wu", "headkv"],
+                              max_new_tokens=4, progress=False)
     evals = [t for task in ("literal", "nonliteral")
              for t in make_trials(task, n_eval, n_tokens=n_tokens, book=book, seed=32)]
     rankings = {m: scores[m] for m in ("locos", "wu", "headkv")}

@@ -68,6 +68,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "load_trials": ("locos_tl.trials", "load_trials"),
     "LocosError": ("locos_tl.errors", "LocosError"),
     "ModelLoadError": ("locos_tl.errors", "ModelLoadError"),
+    "model_pool": ("locos_tl.runs.distributed.hosts", "model_pool"),
     "parse_heads": ("locos_tl.head_spec", "parse_heads"),
     "passes_gate": ("locos_tl.engine.answers", "passes_gate"),
     "patch_heads": ("locos_tl.experiments.patching", "patch_heads"),
@@ -75,9 +76,11 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "phi_tensor": ("locos_tl.engine.phi", "phi_tensor"),
     "plot": ("locos_tl.plot", None),  # lt.plot.head_heatmap, ...
     "random_heads": ("locos_tl.engine.ablation", "random_heads"),
+    "RayWorkers": ("locos_tl.runs.distributed.workers", "RayWorkers"),
     "rouge1_recall": ("locos_tl.engine.answers", "rouge1_recall"),
     "rougeL_f": ("locos_tl.engine.answers", "rougeL_f"),
     "save_trials": ("locos_tl.trials", "save_trials"),
+    "score_methods": ("locos_tl.experiments.score", "score_methods"),
     "score_trials": ("locos_tl.experiments.score", "score_trials"),
     "spatial_contrast": ("locos_tl.engine.kernel", "spatial_contrast"),
     "Trial": ("locos_tl.trials", "Trial"),
@@ -122,6 +125,7 @@ __all__ = [
     "load_trials",
     "LocosError",
     "ModelLoadError",
+    "model_pool",
     "parse_heads",
     "passes_gate",
     "patch_heads",
@@ -129,9 +133,11 @@ __all__ = [
     "phi_tensor",
     "plot",
     "random_heads",
+    "RayWorkers",
     "rouge1_recall",
     "rougeL_f",
     "save_trials",
+    "score_methods",
     "score_trials",
     "spatial_contrast",
     "Trial",
@@ -196,9 +202,11 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.experiments.evaluate import ablation_sweep, dissociation_score, evaluate
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
     from locos_tl.experiments.run_table import load_evaluation
-    from locos_tl.experiments.score import score_trials
+    from locos_tl.experiments.score import score_methods, score_trials
     from locos_tl.head_spec import parse_heads
     from locos_tl.heads import HeadScores, head_label
     from locos_tl.models.load import load_model
+    from locos_tl.runs.distributed.hosts import model_pool
+    from locos_tl.runs.distributed.workers import RayWorkers
     from locos_tl.runs.rundir import load_head_scores
     from locos_tl.trials import Trial, load_trials, save_trials

@@ -25,7 +25,7 @@ Scores are hypotheses. Here we test them causally on the organism:
         new_code_cell(GROUND_TRUTH),
         new_code_cell('''\
 detect = make_trials("nonliteral", 20, n_tokens=N_TOKENS, book=book, seed=3)
-scores = locos_tl.score_trials(model, detect, methods=["locos", "wu"], max_new_tokens=4)
+scores = locos_tl.score_methods(model, detect, methods=["locos", "wu"], max_new_tokens=4)
 evals = {task: make_trials(task, 8, n_tokens=N_TOKENS, book=book, seed=4)
          for task in ("nonliteral", "literal")}
 # calibration means: mean query / output of each head over held-out prompts
@@ -151,8 +151,8 @@ both tasks (held apart from the evaluation trials by seed)."""),
         new_code_cell('''\
 detect = [t for task in ("literal", "nonliteral")
           for t in make_trials(task, 16, n_tokens=N_TOKENS, book=book, seed=31)]
-scores = locos_tl.score_trials(model, detect, methods=["locos", "wu", "headkv"],
-                               max_new_tokens=4)
+scores = locos_tl.score_methods(model, detect, methods=["locos", "wu", "headkv"],
+                                max_new_tokens=4)
 pd.DataFrame({m: [locos_tl.head_label(*h) for h in hs.top_k(6)]
               for m, hs in scores.items()}, index=range(1, 7)).rename_axis("rank")'''),
         new_markdown_cell("""\

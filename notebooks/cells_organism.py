@@ -179,8 +179,8 @@ import pandas as pd
 results = {}
 for task in ("literal", "nonliteral"):
     trials = make_trials(task, 30, n_tokens=N_TOKENS, book=book, seed=2)
-    results[task] = locos_tl.score_trials(model, trials, methods=["locos", "wu"],
-                                          max_new_tokens=4)
+    results[task] = locos_tl.score_methods(model, trials, methods=["locos", "wu"],
+                                           max_new_tokens=4)
     results[task]["trials"] = trials
     print(task, {m: results[task][m].n_trials for m in ("locos", "wu")},
           "accepted trials")'''),

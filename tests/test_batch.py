@@ -125,15 +125,15 @@ def test_early_stopper_alone_and_in_a_batch(windowed):
 
 def test_score_trials_batched_and_resumed(windowed, tmp_path, monkeypatch):
     import locos_tl.runs.batch as batch_mod
-    from locos_tl import score_trials
+    from locos_tl import score_methods
 
     model = windowed("llama")
     trials = mixed_trials(model)
     methods = ["locos", "wu", "headkv_anchor"]
-    one = score_trials(model, trials, methods=methods, max_new_tokens=NEW, progress=False)
+    one = score_methods(model, trials, methods=methods, max_new_tokens=NEW, progress=False)
     out = tmp_path / "run"
-    many = score_trials(model, trials, methods=methods, max_new_tokens=NEW, progress=False,
-                        batch_size=3, out_dir=out)
+    many = score_methods(model, trials, methods=methods, max_new_tokens=NEW, progress=False,
+                         batch_size=3, out_dir=out)
     n = max(t.n_tokens for t in trials) + NEW
     for m in methods:
         assert_close_within(many[m].scores, one[m].scores,
@@ -153,8 +153,8 @@ def test_score_trials_batched_and_resumed(windowed, tmp_path, monkeypatch):
         return real(model, trials, *a, **kw)
 
     monkeypatch.setattr(batch_mod, "run_trials_batched", spy)
-    again = score_trials(model, trials, methods=methods, max_new_tokens=NEW, progress=False,
-                         batch_size=3, out_dir=out)
+    again = score_methods(model, trials, methods=methods, max_new_tokens=NEW, progress=False,
+                          batch_size=3, out_dir=out)
     assert [sorted(c) for c in calls] == [sorted(dropped)]
     for m in methods:
         assert_close_within(again[m].scores, one[m].scores,

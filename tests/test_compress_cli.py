@@ -13,7 +13,7 @@ import pytest
 from tolerances import EPS64, sum_tol
 from typer.testing import CliRunner
 
-from locos_tl import load_model, save_trials, score_trials
+from locos_tl import load_model, save_trials, score_methods
 from locos_tl.cli import app
 from locos_tl.organisms import SMALL_ORGANISM, make_trials
 
@@ -35,8 +35,8 @@ def setup(organism, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("compress")
     detect = [t for task in ("literal", "nonliteral")
               for t in make_trials(task, 6, n_tokens=[96, 128], seed=21)]
-    scores = score_trials(organism, detect, methods=list(METHODS), max_new_tokens=3,
-                          out_dir=tmp / "scores", progress=False)
+    scores = score_methods(organism, detect, methods=list(METHODS), max_new_tokens=3,
+                           out_dir=tmp / "scores", progress=False)
     evals = {task: make_trials(task, 3, n_tokens=[96, 128], seed=22)
              for task in ("literal", "nonliteral")}
     files = {task: save_trials(ts, tmp / f"{task}.jsonl") for task, ts in evals.items()}

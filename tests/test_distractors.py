@@ -195,8 +195,8 @@ def test_detection_drops_a_trial_whose_answer_names_a_distractor(qwen3, own_answ
     from locos_tl.runs.trial import names_a_distractor
 
     t = own_answer_trials[0]
-    first = lt.score_trials(qwen3, [t], methods=["locos", "wu"], max_new_tokens=8,
-                            progress=False)
+    first = lt.score_methods(qwen3, [t], methods=["locos", "wu"], max_new_tokens=8,
+                             progress=False)
     assert first["locos"].meta["n_accepted"] == 1
     from locos_tl.engine.decode import greedy_decode
 
@@ -207,8 +207,8 @@ def test_detection_drops_a_trial_whose_answer_names_a_distractor(qwen3, own_answ
     unnamed = dataclasses.replace(t, meta={**t.meta, "distractor_names": ["Zyxwvut"]})
     assert names_a_distractor(named, response) and not names_a_distractor(unnamed, response)
     with pytest.warns(RuntimeWarning, match="no trial was accepted"):
-        dropped = lt.score_trials(qwen3, [named], methods=["locos", "wu"], max_new_tokens=8,
-                                  progress=False)
+        dropped = lt.score_methods(qwen3, [named], methods=["locos", "wu"], max_new_tokens=8,
+                                   progress=False)
     for m in ("locos", "wu"):
         assert dropped[m].meta["n_accepted"] == 0
         assert dropped[m].meta["n_dropped_distractor"] == 1

@@ -21,7 +21,7 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl import Trial, load_model, score_trials
+from locos_tl import Trial, load_model, score_methods, score_trials
 from locos_tl.runs.distributed import RAY_INSTALL_HINT, DistributedError
 from locos_tl.runs.records import RECORDS_FILE
 
@@ -67,8 +67,8 @@ def reference(setup, tmp_path_factory):
     _, model, trials = setup
     out = tmp_path_factory.mktemp("single")
     with one_thread():
-        res = score_trials(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
-                           out_dir=out, progress=False)
+        res = score_methods(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
+                            out_dir=out, progress=False)
     assert res["locos"].meta["n_accepted"] >= 3
     return res, out
 
@@ -120,10 +120,10 @@ def test_two_workers_equal_single_process(setup, reference, pool, tmp_path):
     path, model, trials = setup
     ref, ref_dir = reference
     seen = []
-    # score_trials dispatches to Ray for workers > 1; a loaded bridge is accepted
-    got = score_trials(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
-                       out_dir=tmp_path, progress=False, workers=2, pool=pool,
-                       on_record=lambda ev: seen.append(ev.worker))
+    # score_methods dispatches to Ray for an open pool; a loaded bridge is accepted
+    got = score_methods(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
+                        out_dir=tmp_path, progress=False, workers=pool,
+                        on_record=lambda ev: seen.append(ev.worker))
     _assert_same(ref, got)
     assert len(seen) == len(trials)
     assert set(seen) == {0, 1}, "both workers took trials from the queue"
@@ -152,22 +152,22 @@ def test_rerun_skips_finished_and_resumes_across_modes(setup, reference, pool, t
 
     monkeypatch.setattr(score_mod, "run_trial", stop_after_3)
     with one_thread(), pytest.raises(KeyboardInterrupt):
-        score_trials(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
-                     out_dir=tmp_path, progress=False)
+        score_methods(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
+                      out_dir=tmp_path, progress=False)
     monkeypatch.setattr(score_mod, "run_trial", real_run_trial)
     assert len(_lines(tmp_path)) == 3
     ran = []
-    got = score_trials(path, trials, methods=METHODS, max_new_tokens=MAX_NEW,
-                       out_dir=tmp_path, progress=False, pool=pool,
-                       on_record=lambda ev: ran.append(ev.result["trial_id"]))
+    got = score_methods(path, trials, methods=METHODS, max_new_tokens=MAX_NEW,
+                        out_dir=tmp_path, progress=False, workers=pool,
+                        on_record=lambda ev: ran.append(ev.result["trial_id"]))
     assert sorted(ran) == sorted(t.trial_id for t in trials[3:])  # ... is finished by Ray
     _assert_same(ref, got)
     ran.clear()
     reused: list[tuple[int, int]] = []
-    again = score_trials(path, trials, methods=METHODS, max_new_tokens=MAX_NEW,
-                         out_dir=tmp_path, progress=False, pool=pool,
-                         on_record=lambda ev: ran.append(ev.result["trial_id"]),
-                         on_resume=lambda *a: reused.append(a))
+    again = score_methods(path, trials, methods=METHODS, max_new_tokens=MAX_NEW,
+                          out_dir=tmp_path, progress=False, workers=pool,
+                          on_record=lambda ev: ran.append(ev.result["trial_id"]),
+                          on_resume=lambda *a: reused.append(a))
     assert ran == [], "a rerun skips finished trials"
     assert reused == [(len(trials), len(trials))], "and says so from the same rule"
     _assert_same(ref, again)
@@ -180,8 +180,8 @@ def test_rerun_skips_finished_and_resumes_across_modes(setup, reference, pool, t
 
     orig, score_mod.run_trial = score_mod.run_trial, boom
     try:
-        single = score_trials(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
-                              out_dir=tmp_path, progress=False)
+        single = score_methods(model, trials, methods=METHODS, max_new_tokens=MAX_NEW,
+                               out_dir=tmp_path, progress=False)
     finally:
         score_mod.run_trial = orig
     _assert_same(ref, single)
@@ -230,10 +230,11 @@ def test_cli_workers_without_ray_explains(setup, tmp_path, monkeypatch):
 
 
 def test_cli_workers_dispatch(setup, reference, tmp_path, monkeypatch):
-    """``locos score --workers 2 --ray-address ADDR`` reaches score_trials with them,
-    passing the model path (no model is loaded in the driver)."""
+    """``locos score --workers 2 --ray-address ADDR`` reaches score_methods as one
+    ``RayWorkers``, passing the model path (no model is loaded in the driver)."""
     from typer.testing import CliRunner
 
+    import locos_tl
     import locos_tl.experiments.score
     import locos_tl.models.load
     import locos_tl.runs.distributed
@@ -252,7 +253,7 @@ def test_cli_workers_dispatch(setup, reference, tmp_path, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("the driver loaded the model")
 
-    monkeypatch.setattr(locos_tl.experiments.score, "score_trials", fake_score)
+    monkeypatch.setattr(locos_tl.experiments.score, "score_methods", fake_score)
     monkeypatch.setattr(locos_tl.models.load, "load_model", no_load)
     monkeypatch.setattr(locos_tl.runs.distributed, "require_ray", lambda: None)  # ray optional
     r = CliRunner().invoke(app, ["score", "--model", str(path), "--trials", str(f),
@@ -260,8 +261,8 @@ def test_cli_workers_dispatch(setup, reference, tmp_path, monkeypatch):
                                  "--workers", "2", "--ray-address", "auto"])
     assert r.exit_code == 0, r.output
     assert calls["model"] == str(path) and calls["n"] == len(trials)
-    assert calls["workers"] == 2 and calls["ray_address"] == "auto"
-    assert calls["load_kwargs"] == {"dtype": "float32"}
+    assert calls["workers"] == locos_tl.RayWorkers(2, address="auto",
+                                                   load_kwargs={"dtype": "float32"})
 
 
 def test_device_map_on_cpu_scores_like_plain_load(setup, reference):
@@ -275,7 +276,7 @@ def test_device_map_on_cpu_scores_like_plain_load(setup, reference):
                   "lm_head": "cpu", **{f"model.layers.{i}": "cpu" for i in range(n_layers)}}
     for dm in ({"": "cpu"}, per_module):
         m = load_model(path, device_map=dm)
-        got = score_trials(m, trials, methods=METHODS, max_new_tokens=MAX_NEW, progress=False)
+        got = score_methods(m, trials, methods=METHODS, max_new_tokens=MAX_NEW, progress=False)
         for k in METHODS:
             rows = [ref[k].trial_ids.index(t) for t in got[k].trial_ids]
             assert rows, "no accepted trial to compare"
@@ -301,7 +302,7 @@ def test_ablation_sweep_on_two_workers_equals_single_process(setup, reference, p
         single = evaluate(model, trials[:3], {"locos": ref["locos"]}, out_dir=tmp_path / "a",
                           **kw)
     dist = evaluate(model, trials[:3], {"locos": ref["locos"]}, out_dir=tmp_path / "b",
-                    pool=pool, **kw)
+                    workers=pool, **kw)
     pd.testing.assert_frame_equal(single, dist)
     key = lambda r: r["trial_id"]  # noqa: E731
     assert sorted(_lines(tmp_path / "a"), key=key) == sorted(_lines(tmp_path / "b"), key=key)
@@ -322,8 +323,8 @@ def test_killed_worker_loses_only_its_trial(setup, reference, pool, tmp_path):
             ray.kill(ev.pool.actors[victim], no_restart=True)
             killed.append(victim)
 
-    got = score_trials(path, trials, methods=METHODS, max_new_tokens=MAX_NEW,
-                       out_dir=tmp_path, progress=False, pool=pool, on_record=kill_once)
+    got = score_methods(path, trials, methods=METHODS, max_new_tokens=MAX_NEW,
+                        out_dir=tmp_path, progress=False, workers=pool, on_record=kill_once)
     _assert_same(ref, got)
     info = got["locos"].meta["distributed"]
     # the one call the dead worker had (in flight, or dispatched just after the kill)

@@ -253,7 +253,7 @@ def test_evaluate_head_forms_default_k_and_skipped_k(organism, org_trials, tmp_p
 
 
 def test_score_trials_methods_as_one_string(organism, org_trials) -> None:
-    from locos_tl import score_trials
+    from locos_tl import score_methods
     from locos_tl.engine.decode import greedy_decode
 
     # the gold answer is a word of the model's own response, so the trial is accepted
@@ -261,8 +261,8 @@ def test_score_trials_methods_as_one_string(organism, org_trials) -> None:
     word = greedy_decode(organism, t.tokens, max_new_tokens=3).text.split()[0]
     trials = [Trial(tokens=t.tokens, needle_span=t.needle_span, answer=word)]
     kw = dict(max_new_tokens=3, progress=False)
-    one = score_trials(organism, trials, methods="locos", **kw)  # was "unknown method 'l'"
-    ref = score_trials(organism, trials, methods=["locos"], **kw)
+    one = score_methods(organism, trials, methods="locos", **kw)  # was "unknown method 'l'"
+    ref = score_methods(organism, trials, methods=["locos"], **kw)
     assert list(one) == ["locos"] and one["locos"].n_trials == 1
     assert torch.isfinite(one["locos"].trial_scores).all()
     torch.testing.assert_close(one["locos"].trial_scores, ref["locos"].trial_scores,

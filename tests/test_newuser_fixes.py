@@ -167,13 +167,17 @@ def test_demo_refuses_zero_trials(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
-# -- 6. score_trials(method=..., methods=...) -------------------------------------------------
-def test_score_trials_refuses_method_and_methods_together():
-    from locos_tl import score_trials
+# -- 6. score_trials returns one type: several methods are score_methods' ----------------------
+def test_score_trials_refuses_methods_and_names_score_methods():
+    from locos_tl import score_methods, score_trials
 
     trials = make_trials("nonliteral", 1, 64, seed=1)
-    with pytest.raises(ValueError, match="give method or methods, not both"):
+    with pytest.raises(TypeError, match=r"score_methods\(model, trials, methods=\[\.\.\.\]\)"):
         score_trials(None, trials, method="locos", methods=["wu"])
+    with pytest.raises(TypeError, match=r"score_trials\(\) got unknown keyword\(s\) \['mthod'\]"):
+        score_trials(None, trials, mthod="wu")
+    with pytest.raises(TypeError, match=r"score_methods\(\) got unknown keyword\(s\)"):
+        score_methods(None, trials, method="locos")
 
 
 # -- 7. a method folder that is no method -----------------------------------------------------

@@ -12,7 +12,7 @@ from tolerances import assert_close_within, model_tol
 from locos_tl.errors import TrialError
 from locos_tl.experiments.compare import compare_rankings, layer_buckets
 from locos_tl.experiments.patching import corrupt_tokens, cri_trial, patch_heads
-from locos_tl.experiments.score import score_trials
+from locos_tl.experiments.score import score_methods
 from locos_tl.models.load import load_model
 
 METHODS = ["locos", "wu", "headkv", "attention_spatial", "dla"]
@@ -76,7 +76,7 @@ def test_cri_ranks_planted_head_first_and_locos_agrees(planted) -> None:
     planted_cri = float(s[PLANTED])
     s[PLANTED] = 0
     assert planted_cri > 5.0 and planted_cri > 20 * float(s.abs().max())
-    scored = score_trials(model, trials, methods=METHODS, max_new_tokens=3, progress=False)
+    scored = score_methods(model, trials, methods=METHODS, max_new_tokens=3, progress=False)
     for m in METHODS:  # all five from one decode pass; every one finds the copy head
         assert scored[m].n_trials == 2
         assert scored[m].top_k(1) == [PLANTED], m

@@ -164,3 +164,45 @@ def test_ablation_sweep_reuse_switch_gives_identical_records(deep, tmp_path):
         assert json.loads((out / "meta.json").read_text())["settings"]["reuse_prefix"] is reuse
     assert len(records[0]) >= 2 * 5 and records[0] == records[1]
     pd.testing.assert_frame_equal(tables[0], tables[1])
+
+
+def _cri_trial_of(model) -> Trial:
+    """A trial whose needle starts after a shared prefix and ends well before the end,
+    so the patched runs cover the needle and the question."""
+    tok = model.tokenizer
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    pre = enc("The river ran past the old mill and the quiet town square. " * 2)
+    needle = enc(" Yuki lives next to the Semper Opera House.")
+    post = enc(" Who? A:")  # near enough for Gemma-3's 8-token windows to reach the needle
+    return Trial(tokens=pre + needle + post, needle_span=(len(pre), len(pre) + len(needle)),
+                 answer="Yuki")
+
+
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_patching_from_the_patched_layer_equals_running_every_layer(deep, arch):
+    """CRI with each patched forward started at the patched head's layer (on the
+    corrupted run's kept ``resid_pre``) equals CRI with every layer run: bit for bit one
+    head a forward (the same kernels on the same inputs), within float noise when heads
+    of several layers share a batched forward (batch-size-dependent kernels)."""
+    from locos_tl.experiments.patching import cri_trial
+
+    model, _ = deep(arch)
+    trial = _cri_trial_of(model)
+    kw = dict(answer_position="prompt_end", corruption="filler")
+    calls, handles = _q_proj_calls(model)
+    try:
+        reused = cri_trial(model, trial, batch_size=1, **kw)
+    finally:
+        for h in handles:
+            h.remove()
+    full = cri_trial(model, trial, batch_size=1, reuse_prefix=False, **kw)
+    H = int(model.cfg.n_heads)
+    # clean, the answer's first token, corrupted: every layer; then layer l runs for the
+    # heads of layers <= l only
+    assert calls == [3 + H * (l + 1) for l in range(4)], calls
+    assert reused["scores"]["cri"] == full["scores"]["cri"]
+    assert reused["metric_corrupted"] == full["metric_corrupted"]
+    assert torch.tensor(full["scores"]["cri"]).abs().max() > 0  # patching did something
+    batched = cri_trial(model, trial, batch_size=3, **kw)
+    torch.testing.assert_close(torch.tensor(batched["scores"]["cri"]),
+                               torch.tensor(full["scores"]["cri"]), rtol=1e-4, atol=1e-4)

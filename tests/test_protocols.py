@@ -17,7 +17,7 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl import Trial, phi_tensor, score_trials
+from locos_tl import Trial, phi_tensor, score_methods, score_trials
 from locos_tl.acceptance import acceptance_counts, method_accepted
 from locos_tl.detectors import DETECTORS, HeadKV, HeadKVAnchor, TrialOutcome, get_detector
 from locos_tl.engine.answers import answer_steps, rouge1_recall
@@ -129,7 +129,7 @@ def test_each_method_reads_its_span_end_to_end(qwen3, scored_niah):
     tok = qwen3.tokenizer
     s, e = t.needle_span
     a, b = t.answer_span
-    hs = score_trials(qwen3, [t], methods=ALL, max_new_tokens=8, progress=False)
+    hs = score_methods(qwen3, [t], methods=ALL, max_new_tokens=8, progress=False)
     gen = res.generated
     steps = answer_steps(tok, gen, t.answer)
     assert steps and rouge1_recall(res.text, t.answer) > 0.5
@@ -178,8 +178,8 @@ def test_each_method_reads_its_span_end_to_end(qwen3, scored_niah):
 def test_span_override_per_call(qwen3, scored_niah):
     t, res = scored_niah
     a, b = t.answer_span
-    hs = score_trials(qwen3, [t], methods=["locos"], spans={"locos": "answer"},
-                      max_new_tokens=8, progress=False)["locos"]
+    hs = score_methods(qwen3, [t], methods=["locos"], spans={"locos": "answer"},
+                       max_new_tokens=8, progress=False)["locos"]
     steps = answer_steps(qwen3.tokenizer, res.generated, t.answer)
     gen = res.generated
     rows = [_rows(qwen3, list(t.tokens) + gen[:i], -1, gen[i]) for i in steps]
@@ -188,9 +188,9 @@ def test_span_override_per_call(qwen3, scored_niah):
                         "locos on the answer span")
     assert hs.meta["span"] == "answer" and hs.meta["settings"]["spans"] == {"locos": "answer"}
     with pytest.raises(ValueError, match="not scored"):
-        score_trials(qwen3, [t], methods=["locos"], spans={"wu": "answer"}, progress=False)
+        score_methods(qwen3, [t], methods=["locos"], spans={"wu": "answer"}, progress=False)
     with pytest.raises(ValueError, match="use 'needle' or 'answer'"):
-        score_trials(qwen3, [t], methods=["locos"], spans={"locos": "x"}, progress=False)
+        score_methods(qwen3, [t], methods=["locos"], spans={"locos": "x"}, progress=False)
 
 
 def test_old_trial_files_still_load(tmp_path, niah):
@@ -318,8 +318,8 @@ def test_gate_passes_without_answer_step(qwen3, scored_niah, tmp_path):
     assert answer_steps(qwen3.tokenizer, res.generated, answer) == []
     out = tmp_path / "run"
     methods = ["locos", "wu", "headkv_anchor", "attention_spatial"]
-    hs = score_trials(qwen3, [t_ok, t_no], methods=methods, max_new_tokens=8, out_dir=out,
-                      progress=False)
+    hs = score_methods(qwen3, [t_ok, t_no], methods=methods, max_new_tokens=8, out_dir=out,
+                       progress=False)
     assert hs["locos"].meta["n_accepted"] == 1
     assert hs["locos"].meta["n_dropped_no_answer_step"] == 1
     assert hs["attention_spatial"].meta["n_accepted"] == 1
@@ -403,12 +403,12 @@ def test_run_trial_hands_each_method_its_span(qwen3, scored_niah, monkeypatch):
                 return _real(self, x, span)
 
             monkeypatch.setattr(cls, meth, spy)
-    score_trials(qwen3, [t], methods=ALL, max_new_tokens=3, progress=False)
+    score_methods(qwen3, [t], methods=ALL, max_new_tokens=3, progress=False)
     needle, answer = {tuple(t.needle_span)}, {tuple(t.answer_span)}
     assert seen == {"locos": needle, "attention_spatial": needle, "dla": needle,
                     "headkv_anchor": needle, "wu": answer, "headkv": answer}
     for m in seen:
         seen[m].clear()
-    score_trials(qwen3, [t], methods=["wu", "locos"], spans={"wu": "needle", "locos": "answer"},
-                 max_new_tokens=3, progress=False)
+    score_methods(qwen3, [t], methods=["wu", "locos"], spans={"wu": "needle", "locos": "answer"},
+                  max_new_tokens=3, progress=False)
     assert seen["wu"] == needle and seen["locos"] == answer

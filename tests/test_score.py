@@ -7,7 +7,7 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 import locos_tl.experiments.score as score_mod
-from locos_tl import LocosError, Trial, TrialError, phi_tensor, score_trials
+from locos_tl import LocosError, Trial, TrialError, phi_tensor, score_methods, score_trials
 from locos_tl.engine.decode import greedy_decode
 
 
@@ -50,8 +50,8 @@ def test_locos_equals_independent_recomputation(qwen3, trials):
 
 def test_one_pass_many_methods_equals_separate_runs(qwen3, trials):
     five = ["locos", "wu", "headkv", "attention_spatial", "dla"]
-    many = score_trials(qwen3, trials, methods=five,
-                        max_new_tokens=8, progress=False)
+    many = score_methods(qwen3, trials, methods=five,
+                         max_new_tokens=8, progress=False)
     assert set(many) == {"locos", "wu", "headkv", "attention_spatial", "dla"}
     for m in ("locos", "wu", "dla"):
         alone = score_trials(qwen3, trials, method=m, max_new_tokens=8, progress=False)

@@ -251,13 +251,13 @@ def test_detectors_match_independent_values(sliding, arch):
     """``score_trials`` with all five detectors, one decode pass: LOCOS, attention-spatial
     and DLA per-trial scores against explicit formulas over HF eager rows/values; every
     detector's per-step value equals its value on a step built from HF eager tensors."""
-    from locos_tl import score_trials
+    from locos_tl import score_methods
     from locos_tl.detectors import get_detector
 
     model, hf = sliding[arch]
     trials = _own_answer_trials(model)
     methods = ["locos", "wu", "headkv", "attention_spatial", "dla"]
-    res = score_trials(model, trials, methods=methods, progress=False, max_new_tokens=8)
+    res = score_methods(model, trials, methods=methods, progress=False, max_new_tokens=8)
     directions = AnswerDirections(model, "raw")
     W_O = [_W_O(hf, l) for l in range(hf.config.num_hidden_layers)]
     for i, trial in enumerate(trials):

@@ -55,8 +55,8 @@ def organism_figures() -> dict[str, Any]:
     model = locos_tl.load_model(path, device="cpu")
     book = default_book_dir() if default_book_dir().is_dir() else None
     detect = make_trials("nonliteral", 32, n_tokens=n_tokens, book=book, seed=3)
-    s = locos_tl.score_trials(model, detect, methods=["locos", "wu", "attention_spatial"],
-                              max_new_tokens=4)
+    s = locos_tl.score_methods(model, detect, methods=["locos", "wu", "attention_spatial"],
+                               max_new_tokens=4)
     evals = {task: make_trials(task, 10, n_tokens=n_tokens, book=book, seed=4)
              for task in ("nonliteral", "literal")}
     calib = [t.tokens for task in ("nonliteral", "literal")
@@ -107,8 +107,8 @@ def compression_figure() -> Any:
     book = default_book_dir() if default_book_dir().is_dir() else None
     detect = [t for task in ("literal", "nonliteral")
               for t in make_trials(task, 16, n_tokens=1024, book=book, seed=31)]
-    s = locos_tl.score_trials(model, detect, methods=["locos", "wu", "headkv"],
-                              max_new_tokens=4, progress=False)
+    s = locos_tl.score_methods(model, detect, methods=["locos", "wu", "headkv"],
+                               max_new_tokens=4, progress=False)
     evals = [t for task in ("literal", "nonliteral")
              for t in make_trials(task, 20, n_tokens=1024, book=book, seed=32)]
     df = compression_sweep(model, evals, {m: s[m] for m in ("locos", "wu", "headkv")},

@@ -275,10 +275,10 @@ def ablate(
                                              "head-set name.")] = "auto",
     scorer: Annotated[str, typer.Option(help="nolima, musique or babilong.")] = "nolima",
     max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 100,
-    stop_at_newline: Annotated[bool, typer.Option(help="Stop at a newline.")] = True,
     stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
-                                                "bare newline token stops) or "
-                                                "contains_newline.")] = "newline_token",
+                                                "bare newline token stops), "
+                                                "contains_newline, or none (no newline "
+                                                "stops).")] = "newline_token",
     thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
                                                 "the stop rule and the metric.")] = True,
     reuse_prefix: Annotated[bool, typer.Option(
@@ -330,10 +330,12 @@ def ablate(
     k_values = None if k is None else parse_ints(k, "--k")
     seed_values = parse_ints(seeds, "--seeds")
     try:
+        executor: Any = workers
         if workers > 1 or ray_address is not None:
-            from locos_tl.runs.distributed import require_ray
+            from locos_tl.runs.distributed import RayWorkers, require_ray
 
             require_ray()  # fail before loading anything
+            executor = RayWorkers(workers, address=ray_address)
         head_sets = load_head_sets(heads)
         check_head_sets(head_sets, k_values, checkpoint_dims(model))  # before the load
         if bottom not in ("auto", "none"):  # a head-score entry, not a head list
@@ -349,7 +351,8 @@ def ablate(
         early_control = None if control is None else read_trials_early(control, model)
         run_settings: dict[str, Any] = {
             "model": model_key(model), "mode": mode, "max_new_tokens": max_new_tokens,
-            "stop_at_newline": stop_at_newline, "stop_rule": stop_rule, "thinking": thinking}
+            "stop_at_newline": stop_rule != "none", "stop_rule": stop_rule,
+            "thinking": thinking}
 
         def check_run(trial_list: list[Any], control_list: list[Any] | None) -> Any:
             """Refuse a run directory over other trials or settings before anything in
@@ -403,10 +406,9 @@ def ablate(
                           means=mean_table, seeds=seed_values, random=random,
                           bottom=None if bottom == "none" else bottom, scorer=scorer,
                           out_dir=out, max_new_tokens=max_new_tokens,
-                          stop_at_newline=stop_at_newline, stop_rule=stop_rule,
-                          thinking=thinking, workers=workers, extend=extend,
-                          reuse_prefix=reuse_prefix,
-                          ray_address=ray_address,  # its own reuse count:
+                          stop_rule=stop_rule,
+                          thinking=thinking, workers=executor, extend=extend,
+                          reuse_prefix=reuse_prefix,  # its own reuse count:
                           on_resume=lambda n, _: note_resume(out, n, what="generations"))
             # the directory's table evaluate wrote (jobs.json): earlier calls' k and seeds
             df = pd.read_csv(out / "evaluation.csv")
@@ -418,9 +420,8 @@ def ablate(
                     bottom=None if bottom == "none" else bottom, scorer="control",
                     out_dir=out / "control",
                     max_new_tokens=control_max_new_tokens,
-                    stop_at_newline=stop_at_newline, stop_rule=stop_rule, thinking=thinking,
-                    workers=workers, ray_address=ray_address, extend=extend,
-                    reuse_prefix=reuse_prefix)
+                    stop_rule=stop_rule, thinking=thinking,
+                    workers=executor, extend=extend, reuse_prefix=reuse_prefix)
                 df_control = pd.read_csv(out / "control" / "evaluation.csv")
                 ds = write_dissociation(out, df, df_control, control=control,
                                         retrieval_metric=r_metric,

@@ -106,7 +106,7 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
 
     from locos_tl.cli.score import write_outputs
     from locos_tl.engine.answers import GATE_THRESHOLD
-    from locos_tl.experiments.score import score_trials
+    from locos_tl.experiments.score import score_methods
     from locos_tl.models.load import load_model
     from locos_tl.organisms import default_book_dir, make_trials
     from locos_tl.runs.runner import RESUME_KEYS
@@ -134,9 +134,9 @@ def run_demo(out: Path, *, model_dir: str | None = None, n_trials: int = 40,
     summary: dict[str, dict[str, Any]] = {}
     rows = []
     for name, trials in runs.items():
-        res = score_trials(model, trials, methods=["locos", "wu"],
-                           max_new_tokens=MAX_NEW_TOKENS, out_dir=out / name,
-                           progress=progress)
+        res = score_methods(model, trials, methods=["locos", "wu"],
+                            max_new_tokens=MAX_NEW_TOKENS, out_dir=out / name,
+                            progress=progress)
         write_outputs(res, out / name, js_dir=out)  # one plotly.min.js for all runs
         summary[name] = res
         meta = res["locos"].meta

@@ -142,7 +142,7 @@ def run_real_demo(out: Path, model: str, *, n_trials: int = N_TRIALS, length: in
     from locos_tl.cli.demo_tables import ranking_table
     from locos_tl.cli.score import write_outputs
     from locos_tl.data.hub import load_tokenizer
-    from locos_tl.experiments.score import score_trials
+    from locos_tl.experiments.score import score_methods
     from locos_tl.models.load import load_model
     from locos_tl.models.zoo import get_real_model, resolve_checkpoint
 
@@ -158,9 +158,9 @@ def run_real_demo(out: Path, model: str, *, n_trials: int = N_TRIALS, length: in
     summary: dict[str, dict[str, Any]] = {}
     rows = []
     for qtype, label in QUESTION_TYPES:
-        res = score_trials(bridge, runs[qtype], methods=["locos", "wu"],
-                           max_new_tokens=MAX_NEW_TOKENS, out_dir=out / qtype,
-                           progress=progress)
+        res = score_methods(bridge, runs[qtype], methods=["locos", "wu"],
+                            max_new_tokens=MAX_NEW_TOKENS, out_dir=out / qtype,
+                            progress=progress)
         write_outputs(res, out / qtype, js_dir=out)
         summary[qtype] = res
         meta = res["locos"].meta

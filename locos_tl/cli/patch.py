@@ -46,6 +46,9 @@ def patch(
                                                     "(default: scored here).", exists=True,
                                                file_okay=False)] = None,
     max_new_tokens: Annotated[int, typer.Option(help="Greedy budget.", min=1)] = 50,
+    reuse_prefix: Annotated[bool, typer.Option(
+        help="Run each patched forward from the patched head's layer on the corrupted "
+             "run's residual stream (same CRI; --no-reuse-prefix runs every layer).")] = True,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
 ) -> None:
@@ -86,6 +89,7 @@ def patch(
                               batch_size=batch_size, chunk_size=chunk_size,
                               answer_position=answer_position,  # type: ignore[arg-type]
                               max_new_tokens=max_new_tokens, out_dir=out,
+                              reuse_prefix=reuse_prefix,
                               on_resume=partial(note_resume, out))  # its own reuse count
             cri.check_rankable()  # no usable trial: say so instead of ranking NaNs
             if ref is None:

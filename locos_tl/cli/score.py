@@ -141,13 +141,13 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
     """Load the model (or start Ray), the trials (``early``: read before the load), and
     score; says what a resume skips."""
     from locos_tl.errors import TrialError
-    from locos_tl.experiments.score import score_trials
+    from locos_tl.experiments.score import score_methods
     from locos_tl.models.load import load_model
     from locos_tl.trials import load_trials
 
     if workers > 1 or ray_address is not None:
         # the workers load the model; the driver only needs the tokenizer
-        from locos_tl.runs.distributed import require_ray
+        from locos_tl.runs.distributed import RayWorkers, require_ray
 
         require_ray()
         load_kwargs: dict[str, Any] = {"dtype": dtype}
@@ -155,21 +155,21 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
             load_kwargs["device"] = device
         if placement is not None:
             load_kwargs["device_map"] = placement
-        extra = {} if gpus_per_worker is None else {"num_gpus_per_worker": gpus_per_worker}
+        ray = RayWorkers(workers, address=ray_address, load_kwargs=load_kwargs,
+                         num_gpus_per_worker=gpus_per_worker)
         trial_list = early if early is not None else load_trials(trials, _tokenizer(model))
         if not trial_list:
             raise TrialError(f"{trials} holds no trial")
-        return score_trials(model, trial_list, methods=methods, variant=variant,
-                            max_new_tokens=max_new_tokens, out_dir=out, workers=workers,
-                            ray_address=ray_address, load_kwargs=load_kwargs,
-                            stop_rule=stop_rule, thinking=thinking, batch_size=batch_size,
-                            on_resume=partial(note_resume, out), **extra)
+        return score_methods(model, trial_list, methods=methods, variant=variant,
+                             max_new_tokens=max_new_tokens, out_dir=out, workers=ray,
+                             stop_rule=stop_rule, thinking=thinking, batch_size=batch_size,
+                             on_resume=partial(note_resume, out))
     bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
     trial_list = trials_after_load(trials, bridge, early)
-    return score_trials(bridge, trial_list, methods=methods, variant=variant,
-                        max_new_tokens=max_new_tokens, out_dir=out, stop_rule=stop_rule,
-                        thinking=thinking, batch_size=batch_size,
-                        on_resume=partial(note_resume, out))  # the run's own reuse count
+    return score_methods(bridge, trial_list, methods=methods, variant=variant,
+                         max_new_tokens=max_new_tokens, out_dir=out, stop_rule=stop_rule,
+                         thinking=thinking, batch_size=batch_size,
+                         on_resume=partial(note_resume, out))  # the run's own reuse count
 
 
 @app.command(short_help="Score every attention head: LOCOS and the baselines.")

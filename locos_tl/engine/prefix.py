@@ -26,7 +26,8 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,8 +39,8 @@ from locos_tl.engine.forward import _new_cache, fork_cache
 from locos_tl.engine.interventions import engine, lens_hooks_attached, lowest_intervened_layer
 from locos_tl.engine.twin import sdpa_twin
 
-__all__ = ["DEFAULT_PREFIX_BYTES", "PromptPrefix", "capture_prefix", "prefill_from",
-           "prompt_prefix"]
+__all__ = ["DEFAULT_PREFIX_BYTES", "PromptPrefix", "capture_prefix", "keep_resid_pre",
+           "prefill_from", "prompt_prefix", "start_at_layer"]
 
 #: default cap on the kept ``resid_pre`` of one prompt (bytes)
 DEFAULT_PREFIX_BYTES = 1 << 30
@@ -102,10 +103,31 @@ def capture_prefix(model: Any, tokens: Tensor, layers: Iterable[int], *,
     if twin is None or tokens.shape[1] == 0:
         return None
     n_layers = int(model.cfg.n_layers)
-    width = tokens.shape[1] * int(model.cfg.d_model) * next(twin.parameters()).element_size()
     wanted = sorted({int(l) for l in layers if 0 < int(l) < n_layers}, reverse=True)
-    keep = [l for i, l in enumerate(wanted) if (i + 1) * width <= max_bytes]
+    cache = _new_cache(model)
+    with keep_resid_pre(model, wanted, tokens.shape[1], max_bytes=max_bytes) as resid:
+        twin(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return PromptPrefix(tokens=tokens, cache=cache, resid=resid,
+                        skipped=[l for l in wanted if l not in resid])
+
+
+@contextmanager
+def keep_resid_pre(model: Any, layers: Iterable[int], n_pos: int, *,
+                   max_bytes: int = DEFAULT_PREFIX_BYTES
+                   ) -> Iterator[dict[int, Float[Tensor, "batch pos d_model"]]]:
+    """Within the block, each forward of the SDPA twin stores the residual stream
+    entering each of ``layers`` (``resid_pre``, a clone) in the yielded dict, replacing
+    what an earlier forward stored. Layers are kept highest first while
+    ``n_pos x d_model`` per layer fits in ``max_bytes``; the others are not stored.
+    Nothing is stored when the model has no twin."""
     resid: dict[int, Tensor] = {}
+    twin = sdpa_twin(model)
+    if twin is None:
+        yield resid
+        return
+    width = int(n_pos) * int(model.cfg.d_model) * next(twin.parameters()).element_size()
+    wanted = sorted({int(l) for l in layers}, reverse=True)
+    keep = [l for i, l in enumerate(wanted) if (i + 1) * width <= max_bytes]
     mods = _decoder_layers(twin)
 
     def hook(l: int) -> Any:
@@ -115,15 +137,50 @@ def capture_prefix(model: Any, tokens: Tensor, layers: Iterable[int], *,
 
         return pre
 
-    handles = [mods[l].register_forward_pre_hook(hook(l), with_kwargs=True) for l in keep]
+    handles = [mods[l].register_forward_pre_hook(hook(l), with_kwargs=True)
+               for l in keep if l in mods]
     try:
-        cache = _new_cache(model)
-        twin(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        yield resid
     finally:
         for h in handles:
             h.remove()
-    return PromptPrefix(tokens=tokens, cache=cache, resid=resid,
-                        skipped=[l for l in wanted if l not in resid])
+
+
+@contextmanager
+def start_at_layer(model: Any, start: int, resid: Float[Tensor, "1 pos d_model"], *,
+                   on_skip: Callable[[int], None] | None = None) -> Iterator[None]:
+    """Within the block, the SDPA twin's decoder layers below ``start`` do no work:
+    layer ``start - 1`` returns ``resid`` (the kept ``resid_pre`` of layer ``start``,
+    repeated along the batch axis when the forward is batched) and the layers below it
+    pass their input on. ``on_skip(l)`` runs in place of each skipped layer (to hand
+    over its kept KV cache). Exact only when the forward's positions and its inputs
+    below ``start`` are those ``resid`` was kept from; the caller checks that."""
+    twin = sdpa_twin(model)
+    mods = _decoder_layers(twin)
+
+    def replay(l: int) -> Any:
+        def forward(hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
+            if on_skip is not None:
+                on_skip(l)
+            if l != start - 1:
+                return hidden_states
+            if resid.shape[0] == hidden_states.shape[0]:
+                return resid
+            return resid.expand(hidden_states.shape[0], -1, -1).contiguous()
+
+        return forward
+
+    own = {l: mods[l].__dict__.get("forward") for l in range(start)}
+    try:
+        for l in range(start):
+            mods[l].forward = replay(l)
+        yield
+    finally:
+        for l, fn in own.items():
+            if fn is None:
+                del mods[l].forward
+            else:
+                mods[l].forward = fn
 
 
 def prompt_prefix(model: Any, tokens: Sequence[int], head_sets: Sequence[Sequence[Any]], *,
@@ -162,26 +219,10 @@ def prefill_from(model: Any, prefix: PromptPrefix, tokens: Tensor) -> Any | None
     cache = _new_cache(model)
     if start == 0 or start not in prefix.resid:
         return None
-    twin = sdpa_twin(model)
-    mods = _decoder_layers(twin)
-    h_start = prefix.resid[start]
 
-    def replay(l: int) -> Any:
-        def forward(hidden_states: Tensor, *args: Any, **kwargs: Any) -> Tensor:
-            cache.layers[l] = copy.copy(prefix.cache.layers[l])
-            return h_start if l == start - 1 else hidden_states
+    def hand_over(l: int) -> None:
+        cache.layers[l] = copy.copy(prefix.cache.layers[l])
 
-        return forward
-
-    own = {l: mods[l].__dict__.get("forward") for l in range(start)}
-    try:
-        for l in range(start):
-            mods[l].forward = replay(l)
-        twin(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    finally:
-        for l, fn in own.items():
-            if fn is None:
-                del mods[l].forward
-            else:
-                mods[l].forward = fn
+    with start_at_layer(model, start, prefix.resid[start], on_skip=hand_over):
+        sdpa_twin(model)(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
     return cache

@@ -24,7 +24,7 @@ from locos_tl.engine.forward import _hf_model
 
 __all__ = ["STOP_RULES", "DecodeResult", "StopRule", "check_stop_rule", "is_newline_stop"]
 
-StopRule = Literal["newline_token", "contains_newline"]
+StopRule = Literal["newline_token", "contains_newline", "none"]
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
 
 
@@ -47,7 +47,7 @@ def is_newline_stop(text: str, rule: str = "newline_token") -> bool:
     text is exactly ``"\\n"`` (also what the byte-fallback token ``<0x0A>`` decodes
     to); a token that merely contains a newline (``".\\n"``, ``"\\n\\n"``) does not
     stop. ``"contains_newline"`` (this project's earlier rule): any token whose text
-    contains ``"\\n"``.
+    contains ``"\\n"``. ``"none"``: no token stops (multi-line answers, MuSiQue).
 
     Raises:
         ValueError: unknown rule.
@@ -56,6 +56,8 @@ def is_newline_stop(text: str, rule: str = "newline_token") -> bool:
         return text == "\n"
     if rule == "contains_newline":
         return "\n" in text
+    if rule == "none":
+        return False
     raise ValueError(f"unknown stop rule {rule!r}; use one of {STOP_RULES}")
 
 @dataclass

@@ -54,6 +54,7 @@ from locos_tl.experiments.task_metrics import (
 from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
 from locos_tl.heads import Head, HeadScores
 from locos_tl.models.load import model_dtype, model_name
+from locos_tl.runs.distributed.workers import Workers, executor_options
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import META_FILE, RecordStore
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
@@ -162,19 +163,16 @@ def ablation_sweep(
     scorer: str | Scorer = "nolima",
     out_dir: str | Path | None = None,
     max_new_tokens: int = 100,
-    stop_at_newline: bool = True,
     chunk_size: int = 1024,
     stop_rule: StopRule = "newline_token",
     thinking: bool = True,
     progress: bool = True,
-    workers: int = 1,
-    ray_address: str | None = None,
+    workers: Workers = 1,
     on_resume: Callable[[int, int], None] | None = None,
     extend: bool = False,
     name_margin: bool | None = None,
     reuse_prefix: bool = True,
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
-    **distributed_kwargs: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
 
@@ -210,19 +208,20 @@ def ablation_sweep(
             (:func:`locos_tl.experiments.run_table.load_evaluation`): this call's cells and those of
             earlier calls whose generations cover ``trials``.
         max_new_tokens: greedy decoding budget.
-        stop_at_newline: stop at a newline (off for multi-line answers such as MuSiQue).
         chunk_size: prefill query chunk (memory ``O(chunk_size x N)`` per layer).
         stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
-            newline token stops) or ``"contains_newline"``; see
-            :func:`locos_tl.engine.decode.greedy_decode`. Recorded in ``meta.json``.
+            newline token stops), ``"contains_newline"``, or ``"none"`` (no newline
+            stops: multi-line answers such as MuSiQue); see
+            :func:`locos_tl.engine.stops.is_newline_stop`. Recorded in ``meta.json``.
         thinking: skip a ``<think> ... </think>`` block before the stop rule and keep
             its text out of the scored response (default). Recorded in ``meta.json``.
         progress: show a tqdm bar over (head set, trial) generations.
-        workers: > 1 (or a ``ray_address``): spread the generations over that many Ray
-            actors, each loading the model from the bridge's recorded path and dtype;
-            identical results; needs ``pip install "locos_tl[ray]"``. See
+        workers: where the generations run (:mod:`locos_tl.runs.distributed.workers`):
+            1 (default) in this process; ``N > 1`` on N Ray actors; ``RayWorkers(n,
+            address=..., ...)``; or an open ``model_pool(...)``. Ray actors load the
+            model from the bridge's recorded path and dtype; identical results; needs
+            ``pip install "locos_tl[ray]"``. See
             :func:`locos_tl.runs.distributed.generate_ablated_distributed`.
-        ray_address: a running Ray cluster; None starts a local one for the run.
         on_resume: with ``out_dir``, called once before any generation as
             ``on_resume(n_reused, n_generations)``: how many finished generations the
             run reuses (its own reuse rule; ``locos ablate`` prints it).
@@ -243,8 +242,6 @@ def ablation_sweep(
             recomputing it all, which ``False`` does.
         prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes, highest layers
             first); a head set starting beyond it recomputes the prompt.
-        **distributed_kwargs: more options of the distributed run (``pool``,
-            ``load_kwargs``, ``num_gpus_per_worker``, ...).
 
     Returns:
         Tidy DataFrame of this call's cells, one row per (method, k, seed, metric):
@@ -264,6 +261,7 @@ def ablation_sweep(
             trial set (with ``extend``: over a trial that is not in ``trials``).
     """
     mode = check_mode(mode)
+    dist = executor_options(workers)
     if mode.endswith("_mean") and means is None:
         raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
     score_fn = get_scorer(scorer)
@@ -296,7 +294,7 @@ def ablation_sweep(
     settings = {
         "model": model_name(model), "dtype": model_dtype(model), "mode": mode,
         "means_hash": means_hash(means),
-        "max_new_tokens": max_new_tokens, "stop_at_newline": stop_at_newline,
+        "max_new_tokens": max_new_tokens, "stop_at_newline": stop_rule != "none",
         "stop_rule": stop_rule, "thinking": thinking, "reuse_prefix": bool(reuse_prefix),
         "scorer": scorer_name(scorer), "ks": sorted({int(x) for x in k}),
         "seeds": [int(s) for s in seeds], "methods": sorted({j.method for j in jobs}),
@@ -344,7 +342,7 @@ def ablation_sweep(
         if store is not None:
             store.append(rec)
 
-    if (workers > 1 or ray_address is not None or distributed_kwargs) and todo:
+    if dist is not None and todo:
         from locos_tl.runs.distributed import generate_ablated_distributed
 
         if name_margin:
@@ -354,13 +352,12 @@ def ablation_sweep(
 
         generate_ablated_distributed(
             model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
-            max_new_tokens=max_new_tokens, stop_at_newline=stop_at_newline,
+            max_new_tokens=max_new_tokens, stop_at_newline=True,
             chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
-            workers=workers, ray_address=ray_address,
             progress=progress,
             on_result=lambda ev: keep(*todo[ev.index], ev.result["response"],
                                       ev.result["generated"], ev.result["stopped_by"]),
-            **distributed_kwargs,
+            **dist,
         )
         todo = []
     bar = tqdm(total=len(todo), desc=f"ablation ({mode})", unit="gen", disable=not progress)
@@ -377,7 +374,7 @@ def ablation_sweep(
         for key in keys:
             with ablate(model, list(sets[key]), mode, means=means):
                 res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
-                                    stop_at_newline=stop_at_newline, prefill_mode="auto",
+                                    prefill_mode="auto",
                                     chunk_size=chunk_size, stop_rule=stop_rule,
                                     thinking=thinking, score_continuations=names,
                                     prefix=prefix)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import copy
 import warnings
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -38,6 +39,7 @@ from locos_tl.engine.answers import answer_steps, answer_token_variants
 from locos_tl.engine.decode import DecodeStep, greedy_decode
 from locos_tl.engine.forward import _new_cache
 from locos_tl.engine.interventions import intervene
+from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, keep_resid_pre, start_at_layer
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import TrialError
 from locos_tl.experiments.score import check_trials_fit
@@ -265,6 +267,8 @@ def cri_trial(
     filler: str | Sequence[int] = DEFAULT_FILLER,
     swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
     share_prefix: bool = True,
+    reuse_prefix: bool = True,
+    prefix_bytes: int = DEFAULT_PREFIX_BYTES,
 ) -> dict[str, Any]:
     """CRI of every head on one trial; returns a JSON-serialisable record.
 
@@ -316,8 +320,14 @@ def cri_trial(
         fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep_z) for l in range(L)])
     z = {l: torch.cat(parts) for l, parts in z_clean.items()}  # [pos - shared, H, d_head]
     gold = max(sorted(golds), key=lambda t: float(clean_logits[0, t]))
-    corr_logits = _last_logits(model, corr, chunk_size=chunk_size, start=shared,
-                               cache=_copy_cache(prefix_cache))[0]
+    # patching a head of layer l leaves the corrupted run's layers below l as they were:
+    # keep its resid_pre (positions [shared, P), one query chunk) to start from layer l
+    n_run = corr.shape[1] - shared
+    reuse = reuse_prefix and n_run <= chunk_size
+    with keep_resid_pre(model, range(1, L) if reuse else (), n_run,
+                        max_bytes=prefix_bytes) as resid:
+        corr_logits = _last_logits(model, corr, chunk_size=chunk_size, start=shared,
+                                   cache=_copy_cache(prefix_cache))[0]
     masked = corr_logits.clone()
     masked[gold] = float("-inf")
     cf = int(masked.argmax())
@@ -336,9 +346,11 @@ def cri_trial(
         hooks = [(f"blocks.{l}.attn.hook_z", head_patch_hook(z[l], pairs, state, shared))
                  for l, pairs in by_layer.items()]
         ids = corr.expand(len(batch), -1).contiguous()  # batch axis = patched heads
-        logits = _last_logits(model, ids, chunk_size=chunk_size, start=shared,
-                              cache=_copy_cache(prefix_cache, len(batch)), fwd_hooks=hooks,
-                              state=state)
+        low = min(by_layer)
+        with (start_at_layer(model, low, resid[low]) if low in resid else nullcontext()):
+            logits = _last_logits(model, ids, chunk_size=chunk_size, start=shared,
+                                  cache=_copy_cache(prefix_cache, len(batch)),
+                                  fwd_hooks=hooks, state=state)
         n_forwards += 1
         m = _logit_diff(logits, gold, cf) - m_corr
         for i, (l, h) in enumerate(batch):
@@ -367,6 +379,7 @@ def patch_heads(
     progress: bool = True,
     on_resume: Callable[[int, int], None] | None = None,
     extend: bool = False,
+    reuse_prefix: bool = True,
 ) -> HeadScores:
     """Causal retrieval importance of every head (docs/concepts.md), over trials.
 
@@ -392,6 +405,11 @@ def patch_heads(
         extend: let ``out_dir`` hold a run over a subset of ``trials`` (grow a run from
             3 to 20 trials keeping the 3 finished ones); a run over trials outside
             ``trials`` is still refused.
+        reuse_prefix: run each patched forward from the patched heads' lowest layer on
+            the corrupted run's residual stream entering it (:mod:`locos_tl.engine.prefix`;
+            the SDPA twin, the corrupted positions within one ``chunk_size``, at most
+            1 GiB of it kept, highest layers first): patching a head leaves the layers
+            below it unchanged. ``False`` runs every layer.
 
     Returns:
         ``HeadScores(method="cri")``: ``[n_trials, n_layers, n_heads]`` per-trial CRI in
@@ -424,7 +442,8 @@ def patch_heads(
                 "corruption": corruption, "filler": filler if isinstance(filler, str)
                 else [int(x) for x in filler], "swap_names": list(swap_names),
                 "answer_position": answer_position, "max_new_tokens": max_new_tokens,
-                "batch_size": batch_size, "n_trials": len(trials),
+                "batch_size": batch_size, "reuse_prefix": bool(reuse_prefix),
+                "n_trials": len(trials),
                 "trial_set_hash": trial_set_hash(trials)}
     store = (RecordStore(out_dir, settings, RESUME_KEYS,
                          extend_to={t.trial_id for t in trials} if extend else None)
@@ -441,7 +460,8 @@ def patch_heads(
         if rec is None:
             rec = cri_trial(model, t, corruption=corruption, batch_size=batch_size,
                             chunk_size=chunk_size, answer_position=answer_position,
-                            max_new_tokens=max_new_tokens, filler=filler, swap_names=swap_names)
+                            max_new_tokens=max_new_tokens, filler=filler, swap_names=swap_names,
+                            reuse_prefix=reuse_prefix)
             if store is not None:
                 store.append(rec)
         records.append(rec)

@@ -27,6 +27,7 @@ from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_name
+from locos_tl.runs.distributed.workers import Workers, executor_options
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.rundir import kept_methods
 from locos_tl.runs.runner import (  # re-exported: the runner's names stay importable from here
@@ -46,20 +47,53 @@ from locos_tl.runs.runner import (  # re-exported: the runner's names stay impor
 
 __all__ = ["RESUME_KEYS", "DISTRIBUTED_OPTIONS", "aggregate", "check_spans", "check_trials_fit",
            "finished_record", "method_spans", "model_dtype", "non_finite_record",
-           "run_settings", "run_trial", "score_trials", "write_acceptance"]
+           "run_settings", "run_trial", "score_methods", "score_trials", "write_acceptance"]
 
-#: Keyword options of :func:`score_trials` that only the Ray executor reads.
+#: Ray options that :class:`~locos_tl.runs.distributed.RayWorkers` (``workers=``) holds;
+#: given as keywords they are refused with a hint.
 DISTRIBUTED_OPTIONS: tuple[str, ...] = (
-    "load_kwargs", "num_gpus_per_worker", "num_cpus_per_worker", "max_restarts",
-    "max_attempts", "ray_init_kwargs", "pool", "on_record")
+    "ray_address", "load_kwargs", "num_gpus_per_worker", "num_cpus_per_worker",
+    "max_restarts", "max_attempts", "ray_init_kwargs", "pool")
 
 
-def score_trials(
+def score_trials(model: Any, trials: Any, *, method: str = "locos",
+                 **options: Any) -> HeadScores:
+    """Score every attention head over retrieval trials with one method (default LOCOS).
+
+    LOCOS: Gema, Alex & Minervini 2026, arXiv 2607.01002, Eq. 2-3. The same run as
+    :func:`score_methods` with ``methods=[method]``, returning that method's scores.
+
+    Args:
+        model: a TransformerBridge (see :func:`locos_tl.load_model`).
+        trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
+        method: ``"locos"`` (default), ``"wu"``, ``"headkv"``, ``"headkv_anchor"``,
+            ``"attention_spatial"`` or ``"dla"``.
+        **options: every option of :func:`score_methods` (``out_dir``,
+            ``max_new_tokens``, ``variant``, ``workers``, ...).
+
+    Returns:
+        :class:`HeadScores`: ``[n_layers, n_heads]`` scores, bootstrap CI and
+        per-trial scores.
+
+    Raises:
+        TypeError: ``methods=`` given (several methods: :func:`score_methods`, which
+            returns a dict), or an unknown keyword.
+        ValueError, TrialError, LocosError, DistributedError: as :func:`score_methods`.
+    """
+    if "methods" in options:
+        raise TypeError("score_trials() scores one method (method=...) and returns "
+                        "HeadScores; for several methods in one decode pass call "
+                        "score_methods(model, trials, methods=[...]), which returns a "
+                        "{method: HeadScores} dict")
+    return score_methods(model, trials, methods=[method], _caller="score_trials",
+                         **options)[method]
+
+
+def score_methods(
     model: Any,
     trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
     *,
-    method: str | None = None,
-    methods: Sequence[str] | None = None,
+    methods: str | Sequence[str] = ("locos",),
     variant: str = "raw",
     max_new_tokens: int = 50,
     out_dir: str | Path | None = None,
@@ -73,37 +107,26 @@ def score_trials(
     spans: dict[str, str] | None = None,
     decode_engine: str = "auto",
     batch_size: int = 1,
-    workers: int = 1,
-    ray_address: str | None = None,
-    load_kwargs: dict[str, Any] | None = None,
-    num_gpus_per_worker: float | None = None,
-    num_cpus_per_worker: float | None = None,
-    max_restarts: int | None = None,
-    max_attempts: int | None = None,
-    ray_init_kwargs: dict[str, Any] | None = None,
-    pool: Any = None,
+    workers: Workers = 1,
     on_record: Callable[..., None] | None = None,
     on_resume: Callable[[int, int], None] | None = None,
+    _caller: str = "score_methods",
     **unknown: Any,
-) -> HeadScores | dict[str, HeadScores]:
-    """Score every attention head over retrieval trials.
+) -> dict[str, HeadScores]:
+    """Score every attention head over retrieval trials with several methods at once.
 
-    LOCOS (Gema, Alex & Minervini 2026, arXiv 2607.01002, Eq. 2-3) by default; the
-    baselines ``wu``, ``headkv``, ``headkv_anchor``, ``attention_spatial`` and ``dla``
-    (docs/concepts.md, protocol table) share the same decode pass when several are
-    asked with ``methods=[...]``. Each method reads its published span and accepts
-    trials by its published rule; ``HeadScores.meta`` holds that method's ``span``,
-    ``n_accepted`` and drop counts, and ``acceptance`` (every method's counts, also
-    written to ``meta.json``).
+    LOCOS (Gema, Alex & Minervini 2026, arXiv 2607.01002, Eq. 2-3) and the baselines
+    ``wu``, ``headkv``, ``headkv_anchor``, ``attention_spatial`` and ``dla``
+    (docs/concepts.md, protocol table) share one decode pass. Each method reads its
+    published span and accepts trials by its published rule; ``HeadScores.meta`` holds
+    that method's ``span``, ``n_accepted`` and drop counts, and ``acceptance`` (every
+    method's counts, also written to ``meta.json``).
 
     Args:
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
-        method: one method name (default ``"locos"``); give either ``method`` or
-            ``methods``, not both.
-        methods: method names sharing one decode pass (one name as a string is one
-            method); then a ``{method: HeadScores}``
-            dict is returned (also for a single name).
+        methods: method names sharing one decode pass (default ``("locos",)``; one
+            name as a string is one method).
         variant: ``"raw"`` (paper) or ``"exact"`` (norm scales frozen; phi sums to DLA).
         max_new_tokens: greedy decoding budget per trial.
         out_dir: run directory (one run: layout in :mod:`locos_tl.runs.rundir`); one JSON
@@ -124,10 +147,13 @@ def score_trials(
             ``{"locos": "answer"}`` (``"needle"``: the whole needle; ``"answer"``: the
             answer part, NIAH ``real_needle``; :meth:`Trial.span`). Default: each
             method's published choice (``Detector.span``); recorded in ``meta.json``.
-        workers: > 1 (or a ``ray_address``): run on that many Ray actors, each loading
-            the model from its name/path (``model`` may then be that name/path, or a
-            bridge whose recorded path and dtype are reused); identical scores; needs
-            ``pip install "locos_tl[ray]"``. See :mod:`locos_tl.runs.distributed`.
+        workers: where the run executes (:mod:`locos_tl.runs.distributed.workers`): 1
+            (default) in this process; ``N > 1`` on N Ray actors of a local cluster;
+            ``RayWorkers(n, address=..., load_kwargs=..., num_gpus_per_worker=...)`` for
+            every Ray option; or an open ``model_pool(...)`` whose warm workers are
+            reused. Ray workers load the model from its name/path (``model`` may then be
+            that name/path, or a bridge whose recorded path and dtype are reused);
+            identical scores; needs ``pip install "locos_tl[ray]"``.
         decode_engine: ``"auto"`` (default), ``"twin"`` or ``"bridge"``: the engine of
             the decode steps (:func:`locos_tl.engine.forward.step_engine`). The prefill and
             decode paths that ran, with any fallback reason, are recorded in
@@ -139,26 +165,22 @@ def score_trials(
             stops early leaves the batch. Falls back to 1 with a ``RuntimeWarning``
             when a hook is attached or no twin exists; recorded in ``meta.json``
             (``engine.batch_size``). Local runs only (the Ray executor warns, runs 1).
-        ray_address: a running Ray cluster; None starts a local one for the run.
-        load_kwargs, num_gpus_per_worker, num_cpus_per_worker, max_restarts,
-            max_attempts, ray_init_kwargs, pool, on_record: Ray executor options
-            (:data:`DISTRIBUTED_OPTIONS`, see
-            :func:`locos_tl.runs.distributed.score_trials_distributed`); giving one runs
-            on Ray.
+        on_record: with Ray workers, a driver-side callback per finished trial
+            (:func:`locos_tl.runs.distributed.score_trials_distributed`).
         on_resume: with ``out_dir``, called once before any decoding as
             ``on_resume(n_reused, n_trials)``: how many finished records the run reuses
             (the reuse rule itself, :func:`locos_tl.runs.runner.reused_records`; ``locos
             score`` prints "skipping N of M" from it).
 
     Returns:
-        :class:`HeadScores` (``[n_layers, n_heads]`` scores, CI, per-trial scores), or a
-        dict of them keyed by method. Trials whose logits or phi turn NaN/inf are
+        ``{method: HeadScores}`` (``[n_layers, n_heads]`` scores, CI, per-trial scores)
+        for each method asked. Trials whose logits or phi turn NaN/inf are
         dropped (``"non_finite"``, with a ``RuntimeWarning``); with no accepted trial a
         ``RuntimeWarning`` gives the drop counts and rankings refuse.
 
     Raises:
-        ValueError: unknown method, variant or span, a span override for a method
-            that is not scored, or both ``method`` and ``methods`` given.
+        ValueError: unknown method, variant or span, or a span override for a method
+            that is not scored.
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
             non-Trial; a trial does not fit the model (checked before any decoding).
         LocosError: ``out_dir`` holds a run made with other settings or over another
@@ -169,25 +191,25 @@ def score_trials(
     if unknown:
         import inspect
 
-        accepted = sorted(k for k, p in inspect.signature(score_trials).parameters.items()
-                          if p.kind is p.KEYWORD_ONLY)
-        raise TypeError(f"score_trials() got unknown keyword(s) {sorted(unknown)}; accepted "
-                        f"options: {', '.join(accepted)}")
-    dist = {k: v for k, v in dict(
-        load_kwargs=load_kwargs, num_gpus_per_worker=num_gpus_per_worker,
-        num_cpus_per_worker=num_cpus_per_worker, max_restarts=max_restarts,
-        max_attempts=max_attempts, ray_init_kwargs=ray_init_kwargs, pool=pool,
-        on_record=on_record).items() if v is not None}
+        accepted = sorted(k for k, p in inspect.signature(score_methods).parameters.items()
+                          if p.kind is p.KEYWORD_ONLY and not k.startswith("_"))
+        grouped = sorted(set(unknown) & set(DISTRIBUTED_OPTIONS))
+        hint = (f" ({', '.join(grouped)}: Ray options go in one argument, "
+                "workers=RayWorkers(n, address=..., load_kwargs=..., ...) or "
+                "workers=model_pool(...))" if grouped else "")
+        raise TypeError(f"{_caller}() got unknown keyword(s) {sorted(unknown)}{hint}; "
+                        f"accepted options: {', '.join(accepted)}")
+    dist = executor_options(workers)
     if as_int(batch_size, "batch_size") < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    keep = _kept(out_dir, method, methods)  # a rescoring with fewer methods deletes nothing
+    methods = [methods] if isinstance(methods, str) else list(methods)
+    keep = _kept(out_dir, methods)  # a rescoring with fewer methods deletes nothing
     if keep:
-        requested, as_one = keep
-        method, methods = None, requested + kept_methods(out_dir, requested)
-    run_args = dict(method=method, methods=methods, spans=spans, variant=variant,
+        methods = keep + kept_methods(out_dir, keep)
+    run_args = dict(method=None, methods=methods, spans=spans, variant=variant,
                     max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
                     stop_rule=stop_rule, thinking=thinking, seed=seed)
-    if workers > 1 or ray_address is not None or dist:  # the Ray executor
+    if dist is not None:  # the Ray executor
         if batch_size > 1:
             import warnings
 
@@ -197,9 +219,9 @@ def score_trials(
         from locos_tl.runs.distributed import score_trials_distributed
 
         return _requested(score_trials_distributed(  # the workers load `model`
-            model, trials, workers=workers, ray_address=ray_address, out_dir=out_dir,
-            progress=progress, prefill_mode=prefill_mode, chunk_size=chunk_size,
-            decode_engine=decode_engine, on_resume=on_resume, **run_args, **dist), keep)
+            model, trials, out_dir=out_dir, progress=progress, prefill_mode=prefill_mode,
+            chunk_size=chunk_size, decode_engine=decode_engine, on_resume=on_resume,
+            on_record=on_record, **run_args, **dist), keep)
     opts = check_run_options(trials, **run_args)  # type: ignore[arg-type]
     run = ScoringRun(opts, model, model_name=model_name(model), dtype=model_dtype(model),
                      out_dir=out_dir)
@@ -226,19 +248,12 @@ def score_trials(
     return _requested(run.finish(), keep)
 
 
-def _kept(out_dir: str | Path | None, method: str | None,
-          methods: str | Sequence[str] | None) -> tuple[list[str], bool] | None:
-    """``(requested methods, one method asked)`` when ``out_dir`` holds scores of other
-    methods (:func:`locos_tl.runs.rundir.kept_methods`), which are then scored too and
-    said so (``UserWarning``); else None."""
+def _kept(out_dir: str | Path | None, requested: list[str]) -> list[str] | None:
+    """The requested methods when ``out_dir`` holds scores of other methods
+    (:func:`locos_tl.runs.rundir.kept_methods`), which are then scored too and said so
+    (``UserWarning``); else None."""
     if out_dir is None:
         return None
-    if methods is None:
-        requested, as_one = [method or "locos"], True
-    elif isinstance(methods, str):
-        requested, as_one = [methods], False
-    else:
-        requested, as_one = list(methods), False
     extra = kept_methods(out_dir, requested)
     if not extra:
         return None
@@ -247,12 +262,10 @@ def _kept(out_dir: str | Path | None, method: str | None,
     warnings.warn(f"{out_dir} also holds {', '.join(extra)} scores (an earlier run): kept "
                   "and brought up to date from the same trial records; use a new out_dir "
                   f"for a run of {', '.join(requested)} alone", UserWarning, stacklevel=3)
-    return requested, as_one
+    return requested
 
 
-def _requested(result: Any, keep: tuple[list[str], bool] | None) -> Any:
+def _requested(result: dict[str, HeadScores],
+               keep: list[str] | None) -> dict[str, HeadScores]:
     """The requested part of a run that also scored the methods ``out_dir`` held."""
-    if keep is None:
-        return result
-    requested, as_one = keep
-    return result[requested[0]] if as_one else {m: result[m] for m in requested}
+    return result if keep is None else {m: result[m] for m in keep}

@@ -400,7 +400,7 @@ def detector_check(
     """LOCOS vs Wu copy score on the organism's non-literal trials, with top-k ablation.
 
     Scores heads with :func:`locos_tl.organisms.lengths.detector_scores`
-    (:func:`locos_tl.score_trials`, ``methods=["locos", "wu"]``, through the
+    (:func:`locos_tl.score_methods`, ``methods=["locos", "wu"]``, through the
     TransformerBridge) on ``n_trials`` non-literal trials (``n_tokens`` tokens,
     default the card's primary length, seed 2024), then zero-ablates each method's top-k
     heads (their output ``z`` before ``W_O`` set to 0, as ``output_zero`` of
@@ -444,7 +444,7 @@ def detector_check(
                         f"({a_non - base['nonliteral']:+.2f}) | {a_lit:.2f} |")
     md = f"""
 ## Detectors on this organism (LOCOS vs Wu copy score)
-`locos_tl.score_trials(model, make_trials("nonliteral", {n_trials}, {T}, seed=2024),
+`locos_tl.score_methods(model, make_trials("nonliteral", {n_trials}, {T}, seed=2024),
 methods=["locos", "wu"])` (raw variant). Then each method's top-k heads are zero-ablated
 (`output_zero`) and greedy accuracy is measured on {n_eval} fresh trials per task (seed 31);
 baseline non-literal {base['nonliteral']:.2f}, literal {base['literal']:.2f}. Ties (e.g. all-zero

@@ -44,14 +44,14 @@ def detector_scores(out_dir: str | Path, n_tokens: int, n_trials: int = 24,
         ``{"locos": HeadScores, "wu": HeadScores}`` (``.scores``: ``[n_layers, n_heads]``,
         logits for LOCOS, attention mass for Wu).
     """
-    from locos_tl import load_model, score_trials
+    from locos_tl import load_model, score_methods
 
     bridge = load_model(out_dir, device="cpu")
     # the answer and </s> are all that is decoded; the prompt leaves room for them
     n_ctx = int(getattr(bridge.cfg, "n_ctx", n_tokens + 3) or n_tokens + 3)
     trials = make_trials("nonliteral", n_trials, min(n_tokens, n_ctx - 3), seed=seed)
-    sc = score_trials(bridge, trials, methods=["locos", "wu"], max_new_tokens=3,
-                      progress=False)
+    sc = score_methods(bridge, trials, methods=["locos", "wu"], max_new_tokens=3,
+                       progress=False)
     return {m: sc[m] for m in ("locos", "wu")}
 
 

@@ -134,10 +134,10 @@ def test_documented_ground_truth_is_causal(hf, truth):
 
 @pytest.fixture(scope="module")
 def detector_scores(bridge):
-    from locos_tl import score_trials
+    from locos_tl import score_methods
 
     trials = make_trials("nonliteral", 30, 64, seed=2024)
-    return trials, score_trials(bridge, trials, methods=["locos", "wu"], progress=False)
+    return trials, score_methods(bridge, trials, methods=["locos", "wu"], progress=False)
 
 
 def _bridge_accuracy(bridge, trials) -> float:

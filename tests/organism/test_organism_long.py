@@ -102,11 +102,11 @@ def test_documented_writers_are_causal_at_1024(hf, truth):
 
 
 def test_locos_finds_the_writers_wu_does_not_at_1024(truth):
-    from locos_tl import load_model, score_trials
+    from locos_tl import load_model, score_methods
 
     bridge = load_model(ORG, device="cpu")
     trials = make_trials("nonliteral", 10, 1024, seed=515)
-    sc = score_trials(bridge, trials, methods=["locos", "wu"], progress=False)
+    sc = score_methods(bridge, trials, methods=["locos", "wu"], progress=False)
     writers = {tuple(h) for h in truth["nonliteral_writer"]}
     top = {tuple(h) for h in sc["locos"].top_k(len(writers))}
     assert len(top & writers) >= len(writers) - 1, (top, writers)

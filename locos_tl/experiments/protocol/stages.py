@@ -125,12 +125,12 @@ def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
     import locos_tl as lt
 
     trials = util._load(out / "trials" / "detect_onehop.jsonl")
-    res = lt.score_trials(model, trials, methods=list(DETECTORS), out_dir=out / "detect",
-                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    res = lt.score_methods(model, trials, methods=list(DETECTORS), out_dir=out / "detect",
+                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
     niah = util._load(out / "trials" / "detect_niah.jsonl")
-    wu_niah = lt.score_trials(model, niah, methods=["wu"], out_dir=out / "detect_niah",
-                              max_new_tokens=args.niah_max_new_tokens,
-                              batch_size=args.batch_size)
+    wu_niah = lt.score_methods(model, niah, methods=["wu"], out_dir=out / "detect_niah",
+                               max_new_tokens=args.niah_max_new_tokens,
+                               batch_size=args.batch_size)
     res = dict(res)
     res["wu_niah"] = wu_niah["wu"]
     return res
@@ -171,12 +171,12 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
                   bottom="locos", max_new_tokens=args.eval_max_new_tokens,
                   workers=args.workers, extend=True)  # --n-eval may grow (nested)
+    if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
+        common["workers"] = lt.RayWorkers(args.workers, ray_init_kwargs=RAY_NICE_0)
     if _baseline_only(args.methods) or not head_sets:  # nothing ranked: baseline only
         common.update(random=False, bottom=None)
     elif "locos" not in head_sets:  # LOCOS accepted no trial: no bottom-k control
         common.update(bottom=None)
-    if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
-        common["ray_init_kwargs"] = RAY_NICE_0
     for length in _ints(args.eval_lengths):
         for qtype in _questions(args):
             trials = util._load(out / "trials" / f"eval_{qtype}_{length}.jsonl")

@@ -12,6 +12,7 @@ from locos_tl.runs.distributed.scoring import (
     ScoreTask,
     score_trials_distributed,
 )
+from locos_tl.runs.distributed.workers import RayWorkers, Workers, executor_options
 
 __all__ = [
     "RAY_INSTALL_HINT",
@@ -22,9 +23,12 @@ __all__ = [
     "ModelLoader",
     "PoolStats",
     "RayPool",
+    "RayWorkers",
     "ResultEvent",
     "ScoreSpec",
     "ScoreTask",
+    "Workers",
+    "executor_options",
     "generate_ablated_distributed",
     "map_trials_distributed",
     "model_pool",
