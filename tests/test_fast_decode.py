@@ -24,7 +24,7 @@ from locos_tl import Trial
 from locos_tl.detectors import DETECTORS, get_detector
 from locos_tl.engine.decode import DecodeStep, engine_paths, greedy_decode, step_engine
 from locos_tl.engine.unembed import AnswerDirections
-from locos_tl.experiments.score import score_trials
+from locos_tl.experiments.score import score_methods, score_trials
 from locos_tl.models.tiny import SHORT_WINDOWS
 
 N_PROMPT = 40
@@ -101,8 +101,8 @@ def test_score_trials_twin_equals_bridge(windowed, arch, tmp_path):
     trials = _own_answer_trials(model)
     methods = list(DETECTORS)
     kw = dict(methods=methods, progress=False, max_new_tokens=8, variant="exact")
-    fast = score_trials(model, trials, decode_engine="twin", out_dir=tmp_path / "f", **kw)
-    ref = score_trials(model, trials, decode_engine="bridge", out_dir=tmp_path / "b", **kw)
+    fast = score_methods(model, trials, decode_engine="twin", out_dir=tmp_path / "f", **kw)
+    ref = score_methods(model, trials, decode_engine="bridge", out_dir=tmp_path / "b", **kw)
     accepted = 0
     for m in methods:
         assert fast[m].n_trials == ref[m].n_trials
@@ -176,7 +176,7 @@ def test_one_host_read_per_step(windowed):
 def test_unknown_keyword_is_a_type_error(windowed):
     model = windowed("llama")
     trial = Trial(tokens=_prompt(model, 1), needle_span=(3, 6), answer="x")
-    with pytest.raises(TypeError, match=r"num_gpu_per_worker.*num_gpus_per_worker"):
+    with pytest.raises(TypeError, match=r"num_gpu_per_worker.*num_gpus_per_worker.*RayWorkers"):
         score_trials(model, [trial], num_gpu_per_worker=1)
 
 

@@ -21,7 +21,7 @@ from locos_tl.engine.phi import phi_tensor
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
 from locos_tl.experiments.patching import patch_heads
-from locos_tl.experiments.score import run_trial, score_trials
+from locos_tl.experiments.score import run_trial, score_methods, score_trials
 from locos_tl.heads import HeadScores
 from locos_tl.runs.rundir import load_head_scores
 from locos_tl.trials import trial_set_hash
@@ -30,8 +30,10 @@ runner = CliRunner()
 
 
 def _score(model, trials, **kw):
+    """score_methods when ``methods=`` is given (a dict back), else score_trials."""
     kw.setdefault("max_new_tokens", 8)
-    return score_trials(model, trials, progress=False, **kw)
+    fn = score_methods if "methods" in kw else score_trials
+    return fn(model, trials, progress=False, **kw)
 
 
 # -- 1. a run directory is one run ----------------------------------------------------

@@ -88,10 +88,11 @@ def test_ablation_workers_run_at_nice_0(script, tmp_path, monkeypatch, workers) 
     assert len(calls) == 3  # direct at one length, then the two controls
     for kw in calls:
         if workers > 1:
-            env = kw["ray_init_kwargs"]["runtime_env"]["env_vars"]
+            assert isinstance(kw["workers"], lt.RayWorkers) and kw["workers"].n == workers
+            env = kw["workers"].ray_init_kwargs["runtime_env"]["env_vars"]
             assert env == {"RAY_worker_niceness": "0"}
         else:
-            assert "ray_init_kwargs" not in kw
+            assert kw["workers"] == 1
 
 
 def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
@@ -431,7 +432,7 @@ def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
         calls.append((Path(out_dir).name, methods, max_new_tokens))
         return {m: m for m in methods}
 
-    monkeypatch.setattr(lt, "score_trials", score)
+    monkeypatch.setattr(lt, "score_methods", score)
     monkeypatch.setattr(script.util, "_load", lambda path: [])
     args = script.parse_args(["--out", str(tmp_path)])
     assert (args.niah_max_new_tokens, args.max_new_tokens, args.eval_max_new_tokens) == (50, 16, 16)

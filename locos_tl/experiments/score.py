@@ -193,10 +193,17 @@ def score_methods(
 
         accepted = sorted(k for k, p in inspect.signature(score_methods).parameters.items()
                           if p.kind is p.KEYWORD_ONLY and not k.startswith("_"))
-        grouped = sorted(set(unknown) & set(DISTRIBUTED_OPTIONS))
-        hint = (f" ({', '.join(grouped)}: Ray options go in one argument, "
-                "workers=RayWorkers(n, address=..., load_kwargs=..., ...) or "
-                "workers=model_pool(...))" if grouped else "")
+        import difflib
+
+        # a near-miss names its option; a Ray option, exact or near, says where it goes
+        near = {k: (difflib.get_close_matches(k, [*accepted, *DISTRIBUTED_OPTIONS], n=1)
+                    or [k])[0] for k in unknown}
+        spelled = [f"did you mean {v} for {k}?" for k, v in near.items() if v != k]
+        grouped = sorted({v for v in near.values() if v in DISTRIBUTED_OPTIONS})
+        hint = "".join(f"; {h}" for h in spelled) + (
+            f"; {', '.join(grouped)}: Ray options go in one argument, "
+            "workers=RayWorkers(n, address=..., load_kwargs=..., ...) or "
+            "workers=model_pool(...)" if grouped else "")
         raise TypeError(f"{_caller}() got unknown keyword(s) {sorted(unknown)}{hint}; "
                         f"accepted options: {', '.join(accepted)}")
     dist = executor_options(workers)
