@@ -172,12 +172,29 @@ def test_score_trials_refuses_methods_and_names_score_methods():
     from locos_tl import score_methods, score_trials
 
     trials = make_trials("nonliteral", 1, 64, seed=1)
-    with pytest.raises(TypeError, match=r"score_methods\(model, trials, methods=\[\.\.\.\]\)"):
+    with pytest.raises(TypeError, match=r"both method= and methods=.*score_methods\(model"):
         score_trials(None, trials, method="locos", methods=["wu"])
     with pytest.raises(TypeError, match=r"score_trials\(\) got unknown keyword\(s\) \['mthod'\]"):
         score_trials(None, trials, mthod="wu")
     with pytest.raises(TypeError, match=r"score_methods\(\) got unknown keyword\(s\)"):
         score_methods(None, trials, method="locos")
+
+
+def test_score_trials_with_methods_still_returns_the_dict_with_a_warning(qwen3,
+                                                                        own_answer_trials):
+    """The old spelling keeps working for existing users (deprecated), with the same
+    numbers as score_methods."""
+    from locos_tl import score_methods, score_trials
+
+    kw = dict(methods=["locos", "wu"], max_new_tokens=8, progress=False)
+    with pytest.warns(DeprecationWarning, match=r"score_trials\(methods=\[\.\.\.\]\) is "
+                                                r"deprecated.*score_methods"):
+        old = score_trials(qwen3, own_answer_trials[:2], **kw)
+    new = score_methods(qwen3, own_answer_trials[:2], **kw)
+    assert list(old) == list(new) == ["locos", "wu"]
+    for m in new:
+        torch.testing.assert_close(old[m].scores, new[m].scores, rtol=0, atol=0,
+                                   equal_nan=True)  # same decode, same arithmetic
 
 
 # -- 7. a method folder that is no method -----------------------------------------------------

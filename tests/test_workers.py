@@ -5,7 +5,9 @@ from __future__ import annotations
 import pytest
 
 import locos_tl as lt
-from locos_tl.runs.distributed.workers import executor_options
+from locos_tl.engine.stops import legacy_stop_rule
+from locos_tl.runs.distributed.pool import RayPool
+from locos_tl.runs.distributed.workers import executor_options, legacy_workers
 
 
 def test_a_count_and_ray_workers_become_the_distributed_runners_options():
@@ -36,12 +38,58 @@ def test_ray_workers_needs_at_least_one_worker():
         lt.RayWorkers(0)
 
 
-def test_the_old_ray_keywords_are_refused_with_the_new_spelling():
+def test_the_old_ray_keywords_become_workers_with_a_deprecation_warning():
+    pool = object.__new__(RayPool)  # an open pool stands in; nothing starts
+    with pytest.warns(DeprecationWarning, match=r"load_kwargs=, ray_address= deprecated.*"
+                                                r"workers=RayWorkers\("):
+        w = legacy_workers(3, {"ray_address": "auto", "load_kwargs": {"dtype": "float32"},
+                               "num_gpus_per_worker": None}, "score_trials")
+    assert w == lt.RayWorkers(3, address="auto", load_kwargs={"dtype": "float32"})
+    with pytest.warns(DeprecationWarning):
+        assert legacy_workers(1, {"pool": pool}, "ablation_sweep") is pool
+    assert legacy_workers(2, {}, "x") == 2  # nothing old: nothing changes
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="given beside"):
+        legacy_workers(lt.RayWorkers(2), {"ray_address": "auto"}, "score_trials")
+    with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="pool= holds"):
+        legacy_workers(1, {"pool": pool, "max_attempts": 2}, "score_trials")
+
+
+@pytest.mark.parametrize("fn", ["score_trials", "score_methods", "ablation_sweep"])
+def test_the_old_ray_keywords_still_reach_the_runner(fn, monkeypatch):
+    """The old spelling runs the same executor the new one names (captured, not run)."""
+    import locos_tl.experiments.evaluate as ev
+    import locos_tl.experiments.score as sc
+
+    seen = []
+
+    def capture(workers):
+        seen.append(workers)
+        raise KeyboardInterrupt  # stop before any model is touched
+
+    monkeypatch.setattr(sc if fn != "ablation_sweep" else ev, "executor_options", capture)
     trials = [lt.Trial(tokens=[1, 2, 3, 4], needle_span=(1, 2), answer="x")]
-    for fn in (lt.score_trials, lt.score_methods):
-        with pytest.raises(TypeError, match=r"\['load_kwargs', 'ray_address'\] \("
-                                            r"load_kwargs, ray_address: Ray options go in "
-                                            r"one argument, workers=RayWorkers\("):
-            fn(None, trials, ray_address="auto", load_kwargs={})
-    with pytest.raises(TypeError, match="unexpected keyword argument 'ray_address'"):
-        lt.ablation_sweep(None, trials, {"x": [(0, 0)]}, ray_address="auto")
+    args = ([{"x": [(0, 0)]}] if fn == "ablation_sweep" else [])
+    with pytest.warns(DeprecationWarning, match="ray_address= deprecated"), \
+            pytest.raises(KeyboardInterrupt):
+        getattr(lt, fn)(None, trials, *args, workers=2, ray_address="auto", max_attempts=3)
+    assert seen == [lt.RayWorkers(2, address="auto", max_attempts=3)]
+
+
+def test_a_misspelt_keyword_names_its_near_miss():
+    trials = [lt.Trial(tokens=[1, 2, 3, 4], needle_span=(1, 2), answer="x")]
+    with pytest.raises(TypeError, match=r"did you mean num_gpus_per_worker.*RayWorkers\("):
+        lt.score_trials(None, trials, num_gpu_per_worker=1)
+    with pytest.raises(TypeError, match=r"did you mean max_new_tokens for max_new_token"):
+        lt.score_methods(None, trials, max_new_token=3)
+    with pytest.raises(TypeError, match=r"ablation_sweep\(\) got unknown keyword"):
+        lt.ablation_sweep(None, trials, {"x": [(0, 0)]}, max_new_token=3)
+
+
+def test_stop_at_newline_is_a_stop_rule_with_a_deprecation_warning():
+    assert legacy_stop_rule("contains_newline", None, "f") == "contains_newline"
+    with pytest.warns(DeprecationWarning, match="stop_at_newline= is deprecated"):
+        assert legacy_stop_rule("newline_token", False, "f") == "none"
+    with pytest.warns(DeprecationWarning):
+        assert legacy_stop_rule("contains_newline", True, "f") == "contains_newline"
+    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="contradicts"):
+        legacy_stop_rule("contains_newline", False, "f")

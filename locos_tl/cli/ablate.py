@@ -279,6 +279,9 @@ def ablate(
                                                 "bare newline token stops), "
                                                 "contains_newline, or none (no newline "
                                                 "stops).")] = "newline_token",
+    stop_at_newline: Annotated[bool | None, typer.Option(
+        "--stop-at-newline/--no-stop-at-newline", hidden=True,
+        help="Deprecated: --no-stop-at-newline is --stop-rule none.")] = None,
     thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
                                                 "the stop rule and the metric.")] = True,
     reuse_prefix: Annotated[bool, typer.Option(
@@ -323,6 +326,14 @@ def ablate(
     check_choice(mode, ABLATION_MODES, "--mode")
     check_choice(stop_rule, STOP_RULES, "--stop-rule")
     check_choice(scorer, sorted(SCORERS), "--scorer")
+    if stop_at_newline is not None:  # the old flag: kept, and said so
+        typer.echo("--stop-at-newline/--no-stop-at-newline is deprecated: use --stop-rule "
+                   "(newline_token, contains_newline or none)", err=True)
+        if not stop_at_newline:
+            if stop_rule not in ("newline_token", "none"):
+                raise typer.BadParameter(f"--no-stop-at-newline contradicts --stop-rule "
+                                         f"{stop_rule}; give only --stop-rule none")
+            stop_rule = "none"
     check_choice(control_metric, list(CONTROL_METRICS), "--control-metric")
     r_metric = retrieval_metric or RETRIEVAL_METRICS.get(scorer, "rougeL")
     check_dtype(dtype)

@@ -22,7 +22,8 @@ from torch import Tensor
 from locos_tl.engine.answers import scan_think, think_token_ids
 from locos_tl.engine.forward import _hf_model
 
-__all__ = ["STOP_RULES", "DecodeResult", "StopRule", "check_stop_rule", "is_newline_stop"]
+__all__ = ["STOP_RULES", "DecodeResult", "StopRule", "check_stop_rule", "is_newline_stop",
+           "legacy_stop_rule"]
 
 StopRule = Literal["newline_token", "contains_newline", "none"]
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
@@ -37,6 +38,31 @@ def check_stop_rule(rule: str) -> StopRule:
     if rule not in STOP_RULES:
         raise ValueError(f"unknown stop rule {rule!r}; use one of {STOP_RULES}")
     return rule  # type: ignore[return-value]
+
+
+def legacy_stop_rule(stop_rule: str, stop_at_newline: bool | None, caller: str) -> StopRule:
+    """The stop rule that the old ``stop_at_newline=`` flag meant, with a
+    DeprecationWarning: ``False`` is ``stop_rule="none"``, ``True`` keeps ``stop_rule``;
+    ``None`` (not given): ``stop_rule`` unchanged.
+
+    Raises:
+        ValueError: ``stop_at_newline=False`` beside a stop rule that stops at newlines
+            other than the default (the two contradict), or an unknown stop rule.
+    """
+    stop_rule = check_stop_rule(stop_rule)
+    if stop_at_newline is None:
+        return stop_rule
+    import warnings
+
+    warnings.warn(f"{caller}(): stop_at_newline= is deprecated; use stop_rule= "
+                  "('newline_token', 'contains_newline' or 'none')",
+                  DeprecationWarning, stacklevel=3)
+    if stop_at_newline:
+        return stop_rule
+    if stop_rule not in ("newline_token", "none"):
+        raise ValueError(f"stop_at_newline=False contradicts stop_rule={stop_rule!r}; "
+                         "give only stop_rule='none'")
+    return "none"
 
 
 def is_newline_stop(text: str, rule: str = "newline_token") -> bool:

@@ -22,7 +22,6 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -35,7 +34,12 @@ from locos_tl.engine.ablation import (
 )
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
-from locos_tl.engine.stops import StopRule, check_stop_rule
+from locos_tl.engine.stops import StopRule, check_stop_rule, legacy_stop_rule
+from locos_tl.experiments.dissociation import (  # noqa: F401  (re-exported: old import path)
+    BASELINE,
+    dissociation_score,
+    summarize,
+)
 from locos_tl.experiments.margin import candidate_token_ids, margin_of_logprobs
 from locos_tl.experiments.run_table import (
     AblationJob,
@@ -46,7 +50,6 @@ from locos_tl.experiments.run_table import (
 )
 from locos_tl.experiments.score import check_trials_fit
 from locos_tl.experiments.task_metrics import (
-    DEFAULT_CONTROL_METRIC,
     Scorer,
     get_scorer,
     scorer_name,
@@ -54,13 +57,17 @@ from locos_tl.experiments.task_metrics import (
 from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
 from locos_tl.heads import Head, HeadScores
 from locos_tl.models.load import model_dtype, model_name
-from locos_tl.runs.distributed.workers import Workers, executor_options
+from locos_tl.runs.distributed.workers import (
+    LEGACY_RAY_OPTIONS,
+    Workers,
+    executor_options,
+    legacy_workers,
+)
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import META_FILE, RecordStore
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100)
-BASELINE = "baseline"
 RANDOM = "random"
 RESUME_KEYS = ("model", "dtype", "mode", "means_hash", "max_new_tokens", "stop_at_newline",
                "stop_rule", "thinking")
@@ -173,6 +180,8 @@ def ablation_sweep(
     name_margin: bool | None = None,
     reuse_prefix: bool = True,
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
+    stop_at_newline: bool | None = None,
+    **legacy_ray: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
 
@@ -242,6 +251,10 @@ def ablation_sweep(
             recomputing it all, which ``False`` does.
         prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes, highest layers
             first); a head set starting beyond it recomputes the prompt.
+        stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
+            (:func:`locos_tl.engine.stops.legacy_stop_rule`).
+        **legacy_ray: deprecated Ray keywords (``ray_address``, ``pool``, ...), now in
+            ``workers=`` (:func:`locos_tl.runs.distributed.workers.legacy_workers`).
 
     Returns:
         Tidy DataFrame of this call's cells, one row per (method, k, seed, metric):
@@ -261,6 +274,11 @@ def ablation_sweep(
             trial set (with ``extend``: over a trial that is not in ``trials``).
     """
     mode = check_mode(mode)
+    unknown = sorted(set(legacy_ray) - set(LEGACY_RAY_OPTIONS))
+    if unknown:
+        raise TypeError(f"ablation_sweep() got unknown keyword(s) {unknown}")
+    workers = legacy_workers(workers, legacy_ray, "ablation_sweep")
+    stop_rule = legacy_stop_rule(stop_rule, stop_at_newline, "ablation_sweep")
     dist = executor_options(workers)
     if mode.endswith("_mean") and means is None:
         raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
@@ -433,65 +451,3 @@ def _record_cells(out_dir: str | Path, jobs: Sequence[AblationJob],
                       f"({', '.join(f'{m} k={k}' for m, k, _ in dropped[:6])}"
                       f"{', ...' if len(dropped) > 6 else ''}); their generations stay in "
                       "trials.jsonl", stacklevel=3)
-
-
-def summarize(df: pd.DataFrame) -> pd.DataFrame:
-    """Mean (and std over seeds) of ``value`` per ``(method, k, metric)``."""
-    g = df.groupby(["method", "k", "metric"], as_index=False)["value"]
-    out = g.agg(value="mean", std="std", n_seeds="count")
-    return out.sort_values(["metric", "method", "k"]).reset_index(drop=True)
-
-
-def dissociation_score(
-    df_retrieval: pd.DataFrame,
-    df_control: pd.DataFrame,
-    *,
-    retrieval_metric: str = "rougeL",
-    control_metric: str = DEFAULT_CONTROL_METRIC,
-) -> pd.DataFrame:
-    """Dissociation score ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (docs/concepts.md).
-
-    ``R``: retrieval metric, ``P``: control metric (parametric recall or arithmetic),
-    index 0: no ablation (the ``"baseline"`` row). Values are first averaged over
-    seeds. DS near 1: the heads are needed for retrieval only; near 0: the ablation
-    hurts both alike (or neither). Unitless. Source: arXiv 2607.01002, Sec. 4; the
-    control metric defaults to the authors' exact match after lower-casing and
-    stripping (``scorer="control"`` rows ``exact_match``); ``"contains"`` (NoLiMa's
-    case-sensitive substring, the former default) is the option.
-
-    Args:
-        df_retrieval, df_control: :func:`evaluate` outputs on retrieval and control trials
-            (same head sets and k); control trials scored with ``scorer="control"``
-            (trials from :mod:`locos_tl.data.controls`).
-        retrieval_metric, control_metric: the ``metric`` rows to use.
-
-    Returns:
-        One row per ``(method, k)`` present in both: ``R0, R, P0, P, ds`` (NaN when a
-        baseline is 0).
-
-    Raises:
-        ValueError: a column, a metric or a baseline row is missing.
-    """
-    def pick(df: pd.DataFrame, metric: str, what: str) -> tuple[float, pd.Series]:
-        missing = [c for c in ("method", "k", "metric", "value") if c not in df.columns]
-        if missing:
-            raise ValueError(f"{what}: not an evaluate() table (no column {missing})")
-        sub = df[df["metric"] == metric]
-        if sub.empty:
-            raise ValueError(f"{what}: no rows for metric {metric!r} "
-                             f"(have {sorted(df['metric'].unique())})")
-        base = sub[sub["method"] == BASELINE]["value"]
-        if base.empty:
-            raise ValueError(f"{what}: no {BASELINE!r} (k=0) row")
-        means = sub[sub["method"] != BASELINE].groupby(["method", "k"])["value"].mean()
-        return float(base.mean()), means
-
-    R0, R = pick(df_retrieval, retrieval_metric, "retrieval")
-    P0, P = pick(df_control, control_metric, "control")
-    both = R.index.intersection(P.index)
-    out = pd.DataFrame({"R0": R0, "R": R.loc[both], "P0": P0, "P": P.loc[both]})
-    with np.errstate(divide="ignore", invalid="ignore"):
-        r_drop = (out["R0"] - out["R"]) / out["R0"] if R0 != 0 else np.nan
-        p_drop = (out["P0"] - out["P"]) / out["P0"] if P0 != 0 else np.nan
-    out["ds"] = r_drop - p_drop
-    return out.reset_index()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from locos_tl.engine.answers import GATE_THRESHOLD
 from locos_tl.engine.forward import engine_paths
@@ -27,7 +27,12 @@ from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_name
-from locos_tl.runs.distributed.workers import Workers, executor_options
+from locos_tl.runs.distributed.workers import (
+    LEGACY_RAY_OPTIONS,
+    Workers,
+    executor_options,
+    legacy_workers,
+)
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.rundir import kept_methods
 from locos_tl.runs.runner import (  # re-exported: the runner's names stay importable from here
@@ -49,15 +54,23 @@ __all__ = ["RESUME_KEYS", "DISTRIBUTED_OPTIONS", "aggregate", "check_spans", "ch
            "finished_record", "method_spans", "model_dtype", "non_finite_record",
            "run_settings", "run_trial", "score_methods", "score_trials", "write_acceptance"]
 
-#: Ray options that :class:`~locos_tl.runs.distributed.RayWorkers` (``workers=``) holds;
-#: given as keywords they are refused with a hint.
-DISTRIBUTED_OPTIONS: tuple[str, ...] = (
-    "ray_address", "load_kwargs", "num_gpus_per_worker", "num_cpus_per_worker",
-    "max_restarts", "max_attempts", "ray_init_kwargs", "pool")
+#: the Ray keywords that :class:`~locos_tl.runs.distributed.RayWorkers` (``workers=``)
+#: now holds; given as keywords they still work, with a DeprecationWarning
+DISTRIBUTED_OPTIONS: tuple[str, ...] = LEGACY_RAY_OPTIONS
 
 
-def score_trials(model: Any, trials: Any, *, method: str = "locos",
-                 **options: Any) -> HeadScores:
+@overload
+def score_trials(model: Any, trials: Any, *, method: str | None = None,
+                 **options: Any) -> HeadScores: ...
+
+
+@overload  # deprecated: several methods are score_methods'
+def score_trials(model: Any, trials: Any, *, methods: Sequence[str],
+                 **options: Any) -> dict[str, HeadScores]: ...
+
+
+def score_trials(model: Any, trials: Any, *, method: str | None = None,
+                 **options: Any) -> HeadScores | dict[str, HeadScores]:
     """Score every attention head over retrieval trials with one method (default LOCOS).
 
     LOCOS: Gema, Alex & Minervini 2026, arXiv 2607.01002, Eq. 2-3. The same run as
@@ -66,7 +79,7 @@ def score_trials(model: Any, trials: Any, *, method: str = "locos",
     Args:
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
-        method: ``"locos"`` (default), ``"wu"``, ``"headkv"``, ``"headkv_anchor"``,
+        method: ``"locos"`` (default, also for None), ``"wu"``, ``"headkv"``, ``"headkv_anchor"``,
             ``"attention_spatial"`` or ``"dla"``.
         **options: every option of :func:`score_methods` (``out_dir``,
             ``max_new_tokens``, ``variant``, ``workers``, ...).
@@ -76,15 +89,28 @@ def score_trials(model: Any, trials: Any, *, method: str = "locos",
         per-trial scores.
 
     Raises:
-        TypeError: ``methods=`` given (several methods: :func:`score_methods`, which
-            returns a dict), or an unknown keyword.
+        TypeError: an unknown keyword (the message names a near miss), or both
+            ``method=`` and ``methods=``.
+
+    ``methods=[...]`` (several methods, the old spelling) still returns the
+    :func:`score_methods` dict, with a DeprecationWarning.
         ValueError, TrialError, LocosError, DistributedError: as :func:`score_methods`.
     """
-    if "methods" in options:
-        raise TypeError("score_trials() scores one method (method=...) and returns "
-                        "HeadScores; for several methods in one decode pass call "
-                        "score_methods(model, trials, methods=[...]), which returns a "
-                        "{method: HeadScores} dict")
+    if "methods" in options:  # the old spelling of score_methods: kept, with a warning
+        import warnings
+
+        if method is not None:
+            raise TypeError("score_trials() got both method= and methods=; score_trials "
+                            "scores one method and returns HeadScores, score_methods(model, "
+                            "trials, methods=[...]) returns a {method: HeadScores} dict")
+
+        warnings.warn("score_trials(methods=[...]) is deprecated: score_trials scores one "
+                      "method (method=...) and returns HeadScores; score_methods(model, "
+                      "trials, methods=[...]) returns the {method: HeadScores} dict",
+                      DeprecationWarning, stacklevel=2)
+        return score_methods(model, trials, _caller="score_trials",  # type: ignore[return-value]
+                             **options)
+    method = "locos" if method is None else method
     return score_methods(model, trials, methods=[method], _caller="score_trials",
                          **options)[method]
 
@@ -187,7 +213,13 @@ def score_methods(
             trial set (the message names both trial-set hashes).
         DistributedError: ``workers`` > 1 without Ray installed (says how to install it).
         TypeError: an unknown keyword (the message names it and the accepted options).
+
+    The Ray keywords that ``workers=`` now groups (``ray_address=``, ``load_kwargs=``,
+    ``num_gpus_per_worker=``, ..., ``pool=``) still work, with a DeprecationWarning
+    (:func:`locos_tl.runs.distributed.workers.legacy_workers`).
     """
+    legacy = {k: unknown.pop(k) for k in list(unknown) if k in LEGACY_RAY_OPTIONS}
+    workers = legacy_workers(workers, legacy, _caller)  # the old Ray keywords: warned
     if unknown:
         import inspect
 

@@ -8,13 +8,14 @@ Read by :func:`locos_tl.score_trials`, :func:`locos_tl.score_methods` and
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from locos_tl.runs.distributed.pool import RayPool
 
-__all__ = ["RayWorkers", "Workers", "executor_options"]
+__all__ = ["LEGACY_RAY_OPTIONS", "RayWorkers", "Workers", "executor_options", "legacy_workers"]
 
 
 @dataclass(frozen=True)
@@ -80,3 +81,42 @@ def executor_options(workers: Any) -> dict[str, Any] | None:
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
     return None if workers == 1 else {"workers": workers}
+
+
+#: the Ray keywords that ``score_trials``, ``score_methods`` and ``ablation_sweep`` took
+#: before ``workers=`` grouped them; still accepted, with a DeprecationWarning
+LEGACY_RAY_OPTIONS: tuple[str, ...] = (
+    "ray_address", "load_kwargs", "num_gpus_per_worker", "num_cpus_per_worker",
+    "max_restarts", "max_attempts", "ray_init_kwargs", "pool")
+
+
+def legacy_workers(workers: Any, legacy: Mapping[str, Any], caller: str) -> Any:
+    """The ``workers=`` value that the old Ray keywords meant (``ray_address=``,
+    ``load_kwargs=``, ..., ``pool=``), with a DeprecationWarning that names the new
+    spelling; no old keyword: ``workers`` unchanged.
+
+    ``workers=N, ray_address=A, load_kwargs=K`` becomes ``RayWorkers(N, address=A,
+    load_kwargs=K)``; ``pool=P`` becomes ``P``. The results are the same.
+
+    Raises:
+        TypeError: an old keyword beside ``workers=RayWorkers(...)`` or a pool (one
+            option given twice), or ``pool=`` beside another Ray option.
+    """
+    legacy = {k: v for k, v in legacy.items() if v is not None}
+    if not legacy:
+        return workers
+    warnings.warn(f"{caller}(): {', '.join(f'{k}=' for k in sorted(legacy))} "
+                  "deprecated; Ray options go in one argument, workers=RayWorkers(n, "
+                  "address=..., load_kwargs=..., ...) or workers=model_pool(...)",
+                  DeprecationWarning, stacklevel=3)
+    if not isinstance(workers, int) or isinstance(workers, bool):
+        raise TypeError(f"{caller}(): {sorted(legacy)} given beside workers="
+                        f"{type(workers).__name__}(...); put every Ray option in workers=")
+    if "pool" in legacy:
+        if len(legacy) > 1:
+            raise TypeError(f"{caller}(): pool= holds its own Ray options; "
+                            f"{sorted(set(legacy) - {'pool'})} cannot be added to it")
+        return legacy["pool"]
+    names = {f.name for f in fields(RayWorkers)}
+    opts = {("address" if k == "ray_address" else k): v for k, v in legacy.items()}
+    return RayWorkers(workers, **{k: v for k, v in opts.items() if k in names})
