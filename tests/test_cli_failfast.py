@@ -490,7 +490,8 @@ def test_the_old_stop_at_newline_flag_is_a_stop_rule(monkeypatch, tiny_dirs, tri
 
     HeadScores("locos", torch.randn(3, 2, 4)).save(tmp_path / "locos")
     opts = ["ablate", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials_file),
-            "--heads", str(tmp_path / "locos"), "--mode", "query_zero", "--out", str(tmp_path / "r")]
+            "--heads", str(tmp_path / "locos"), "--mode", "query_zero",
+            "--out", str(tmp_path / "r")]
     res = runner.invoke(app, [*opts, "--no-stop-at-newline", "--stop-rule",
                               "contains_newline"])
     assert res.exit_code == 2, res.output
