@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--data-dir", default="../shared/data")
     ap.add_argument("--n", type=int, default=150, help="trials per model")
     ap.add_argument("--out", default="runs/made_up_control")
+    ap.add_argument("--csv", default=None, help="also write the table here")
     args = ap.parse_args()
 
     books = Path(args.data_dir) / "haystack"
@@ -62,7 +63,10 @@ def main() -> None:
                      "margin > 0": sum(m > 0 for m in margins) / len(margins),
                      "mean margin (nats)": sum(margins) / len(margins),
                      "Wilcoxon p": float(wilcoxon(margins).pvalue)})
-    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))  # noqa: T201
+    table = pd.DataFrame(rows)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))  # noqa: T201
+    if args.csv:
+        table.to_csv(args.csv, index=False)
 
 
 if __name__ == "__main__":
