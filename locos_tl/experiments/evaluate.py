@@ -263,7 +263,9 @@ def ablation_sweep(
         ``method="baseline", k=0``.
 
     Raises:
-        ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``.
+        ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``;
+            ``stop_at_newline=False`` beside a stop rule other than the default.
+        TypeError: an unknown keyword; an old Ray keyword beside ``workers=RayWorkers``.
         HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
             malformed, repeated or out-of-range head; a k or seed that is not an
             integer, a k below 1 or above ``n_layers * n_heads`` (nothing is dropped

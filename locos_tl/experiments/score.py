@@ -91,10 +91,10 @@ def score_trials(model: Any, trials: Any, *, method: str | None = None,
     Raises:
         TypeError: an unknown keyword (the message names a near miss), or both
             ``method=`` and ``methods=``.
+        ValueError, TrialError, LocosError, DistributedError: as :func:`score_methods`.
 
     ``methods=[...]`` (several methods, the old spelling) still returns the
     :func:`score_methods` dict, with a DeprecationWarning.
-        ValueError, TrialError, LocosError, DistributedError: as :func:`score_methods`.
     """
     if "methods" in options:  # the old spelling of score_methods: kept, with a warning
         import warnings
