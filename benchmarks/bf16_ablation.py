@@ -19,16 +19,14 @@ import time
 from pathlib import Path
 
 
-def _records(path: Path) -> dict[str, dict]:
-    return {r["trial_id"]: r for r in map(json.loads, path.read_text().splitlines())}
-
-
 def main() -> None:
     import pandas as pd
 
     import locos_tl as lt
     from locos_tl.experiments.protocol.common import _load, rankings_for_ablation
     from locos_tl.experiments.protocol.stages import load_rankings
+    from locos_tl.experiments.run_table import score_records
+    from locos_tl.runs.records import read_records
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-nolima")
@@ -53,10 +51,13 @@ def main() -> None:
                            seeds=(0, 1, 2), bottom="locos", scorer="nolima",
                            max_new_tokens=args.max_new_tokens, out_dir=args.out)
     seconds = time.perf_counter() - t0
-    fp32 = _records(run / "ablate" / args.question / "trials.jsonl")
-    bf16 = _records(Path(args.out) / "trials.jsonl")
+    published = run / "ablate" / args.question
+    fp32, bf16 = read_records(published), read_records(args.out)
     jobs = json.loads((Path(args.out) / "jobs.json").read_text())
-    answer = {t.trial_id: t.answer for t in trials}
+    # NoLiMa's "contains" per (head set, trial), as the sweep scores it
+    hit = {name: score_records(d, trials, "nolima").query("metric == 'contains'")
+           .set_index(["heads_key", "trial"])["value"]
+           for name, d in (("fp32", published), ("bf16", args.out))}
     rows = []
     for cell in df[df["metric"] == "contains"].itertuples():
         key = next(j["heads_key"] for j in jobs["jobs"] if j["method"] == cell.method
@@ -66,12 +67,10 @@ def main() -> None:
         same = sum(a["generated"] == b["generated"] for a, b in pairs)
         dm = [abs(a["name_margin"] - b["name_margin"]) for a, b in pairs
               if a.get("name_margin") is not None and b.get("name_margin") is not None]
-        # NoLiMa's "contains": the target's name, case-sensitive, in the response
-        hit = [(answer[a["trial"]] in a["response"], answer[b["trial"]] in b["response"])
-               for a, b in pairs]
+        both = [(key, b["trial"]) for _, b in pairs]
         rows.append({"method": cell.method, "k": cell.k, "seed": cell.seed,
-                     "n": len(pairs), "contains fp32": sum(h[0] for h in hit) / len(hit),
-                     "contains bf16": sum(h[1] for h in hit) / len(hit),
+                     "n": len(pairs), "contains fp32": hit["fp32"].loc[both].mean(),
+                     "contains bf16": hit["bf16"].loc[both].mean(),
                      "same tokens": same / max(len(pairs), 1),
                      "mean |margin change| (nats)": sum(dm) / max(len(dm), 1)})
     table = pd.DataFrame(rows)

@@ -22,14 +22,11 @@ import time
 from pathlib import Path
 
 
-def _records(path: Path) -> dict[str, dict]:
-    return {r["trial_id"]: r for r in map(json.loads, path.read_text().splitlines())}
-
-
 def main() -> None:
     import locos_tl as lt
     from locos_tl.experiments.protocol.common import rankings_for_ablation
     from locos_tl.experiments.protocol.stages import load_rankings
+    from locos_tl.runs.records import read_records
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-nolima")
@@ -69,7 +66,7 @@ def main() -> None:
             lt.ablation_sweep(model, trials, head_sets, out_dir=out, reuse_prefix=reuse,
                               **common)
             times[reuse] = time.perf_counter() - t0
-            recs[reuse] = _records(out / "trials.jsonl")
+            recs[reuse] = read_records(out)
         sets = json.loads((out / "meta.json").read_text())["settings"]["head_sets"]
     L = int(model.cfg.n_layers)
     computed = sum(L - min(h[0] for h in s) if s else 0 for s in sets.values()) + L
@@ -77,7 +74,7 @@ def main() -> None:
     same = all(recs[True][k]["generated"] == recs[False][k]["generated"]
                and recs[True][k].get("name_margin") == recs[False][k].get("name_margin")
                for k in recs[False])
-    published = _records(run / "ablate" / args.cell / "trials.jsonl")
+    published = read_records(run / "ablate" / args.cell)
     matched = [k for k in recs[True] if k in published]
     same_pub = all(recs[True][k]["generated"] == published[k]["generated"] for k in matched)
     margin_diff = max((abs(recs[True][k]["name_margin"] - published[k]["name_margin"])

@@ -316,7 +316,7 @@ def ablate(
     import pandas as pd
 
     from locos_tl.engine.ablation import ABLATION_MODES, AblationMeans, calibrate_means
-    from locos_tl.engine.stops import STOP_RULES
+    from locos_tl.engine.stops import STOP_RULES, legacy_stop_rule
     from locos_tl.experiments.evaluate import evaluate, means_hash, summarize
     from locos_tl.experiments.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
     from locos_tl.models.load import load_model, model_name
@@ -329,11 +329,11 @@ def ablate(
     if stop_at_newline is not None:  # the old flag: kept, and said so
         typer.echo("--stop-at-newline/--no-stop-at-newline is deprecated: use --stop-rule "
                    "(newline_token, contains_newline or none)", err=True)
-        if not stop_at_newline:
-            if stop_rule not in ("newline_token", "none"):
-                raise typer.BadParameter(f"--no-stop-at-newline contradicts --stop-rule "
-                                         f"{stop_rule}; give only --stop-rule none")
-            stop_rule = "none"
+        try:  # the flag's meaning, as ablation_sweep(stop_at_newline=) reads it
+            stop_rule = legacy_stop_rule(stop_rule, stop_at_newline, "locos ablate")
+        except ValueError:
+            raise typer.BadParameter(f"--no-stop-at-newline contradicts --stop-rule "
+                                     f"{stop_rule}; give only --stop-rule none") from None
     check_choice(control_metric, list(CONTROL_METRICS), "--control-metric")
     r_metric = retrieval_metric or RETRIEVAL_METRICS.get(scorer, "rougeL")
     check_dtype(dtype)

@@ -50,14 +50,9 @@ from locos_tl.runs.runner import (  # re-exported: the runner's names stay impor
     write_acceptance,
 )
 
-__all__ = ["RESUME_KEYS", "DISTRIBUTED_OPTIONS", "aggregate", "check_spans", "check_trials_fit",
+__all__ = ["RESUME_KEYS", "aggregate", "check_spans", "check_trials_fit",
            "finished_record", "method_spans", "model_dtype", "non_finite_record",
            "run_settings", "run_trial", "score_methods", "score_trials", "write_acceptance"]
-
-#: the Ray keywords that :class:`~locos_tl.runs.distributed.RayWorkers` (``workers=``)
-#: now holds; given as keywords they still work, with a DeprecationWarning
-DISTRIBUTED_OPTIONS: tuple[str, ...] = LEGACY_RAY_OPTIONS
-
 
 @overload
 def score_trials(model: Any, trials: Any, *, method: str | None = None,
@@ -228,10 +223,10 @@ def score_methods(
         import difflib
 
         # a near-miss names its option; a Ray option, exact or near, says where it goes
-        near = {k: (difflib.get_close_matches(k, [*accepted, *DISTRIBUTED_OPTIONS], n=1)
+        near = {k: (difflib.get_close_matches(k, [*accepted, *LEGACY_RAY_OPTIONS], n=1)
                     or [k])[0] for k in unknown}
         spelled = [f"did you mean {v} for {k}?" for k, v in near.items() if v != k]
-        grouped = sorted({v for v in near.values() if v in DISTRIBUTED_OPTIONS})
+        grouped = sorted({v for v in near.values() if v in LEGACY_RAY_OPTIONS})
         hint = "".join(f"; {h}" for h in spelled) + (
             f"; {', '.join(grouped)}: Ray options go in one argument, "
             "workers=RayWorkers(n, address=..., load_kwargs=..., ...) or "
