@@ -83,6 +83,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "score_methods": ("locos_tl.experiments.score", "score_methods"),
     "score_trials": ("locos_tl.experiments.score", "score_trials"),
     "spatial_contrast": ("locos_tl.engine.kernel", "spatial_contrast"),
+    "teacher_forced_sweep": ("locos_tl.experiments.teacher_forced", "teacher_forced_sweep"),
     "Trial": ("locos_tl.trials", "Trial"),
     "TrialError": ("locos_tl.errors", "TrialError"),
 }
@@ -140,6 +141,7 @@ __all__ = [
     "score_methods",
     "score_trials",
     "spatial_contrast",
+    "teacher_forced_sweep",
     "Trial",
     "TrialError",
 ]
@@ -203,6 +205,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
     from locos_tl.experiments.run_table import load_evaluation
     from locos_tl.experiments.score import score_methods, score_trials
+    from locos_tl.experiments.teacher_forced import teacher_forced_sweep
     from locos_tl.head_spec import parse_heads
     from locos_tl.heads import HeadScores, head_label
     from locos_tl.models.load import load_model

@@ -30,7 +30,7 @@ def test_import_locos_tl_imports_no_heavy_module():
 
 
 HELP_ARGS = [[], ["build-trials"], ["build-trials", "nolima"], ["build-trials", "niah"],
-             ["score"], ["ablate"], ["patch"], ["compress"], ["calibrate"], ["demo"],
+             ["score"], ["ablate"], ["ablate-tf"], ["patch"], ["compress"], ["calibrate"], ["demo"],
              ["train-organism"], ["models"], ["models", "list"], ["models", "fetch"]]
 
 

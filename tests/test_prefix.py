@@ -19,7 +19,12 @@ from locos_tl import Trial
 from locos_tl.engine.ablation import ablate, calibrate_means
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.engine.forward import prefill
-from locos_tl.engine.prefix import capture_prefix, prefill_from, prompt_prefix
+from locos_tl.engine.prefix import (
+    capture_prefix,
+    prefill_from,
+    prompt_prefix,
+    trace_step,
+)
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.models.tiny import SHORT_WINDOWS
 
@@ -142,10 +147,79 @@ def test_prefix_falls_back_to_the_full_prefill_where_reuse_is_not_exact(deep):
                 capture_prefix(model, tokens, [3])
 
 
-def test_ablation_sweep_reuse_switch_gives_identical_records(deep, tmp_path):
+@pytest.mark.parametrize("arch", ["llama", "olmo2"])
+def test_decode_steps_on_the_trace_equal_the_full_steps(deep, arch):
+    """Each step fed the unablated decoding's tokens, computed from the lowest ablated
+    layer on the trace, gives the full step's logits and leaves the same cache, bit for
+    bit; a layer-0 head set is never reused."""
+    model, means = deep(arch)
+    twin = sdpa_twin(model)
+    prefix = prompt_prefix(model, PROMPT[0].tolist(), list(HEAD_SETS.values()),
+                           decode_steps=6)
+    tr = prefix.trace
+    assert tr is not None and len(tr.tokens) == 6 and sorted(tr.resid) == [1, 2, 3]
+    for name, heads in {**HEAD_SETS, "none": []}.items():
+        with ablate(model, heads, "query_mean", means=means):
+            full = prefill(model, PROMPT[:, :-1])
+            reused = prefill_from(model, prefix, PROMPT[:, :-1])
+            x = PROMPT[:, -1:]
+            for t in range(6):
+                a = trace_step(model, prefix, reused, t, x)
+                b = twin(x, past_key_values=full, use_cache=True, logits_to_keep=1)
+                if name == "from0":
+                    assert a is None
+                    break
+                assert torch.equal(a, b.logits[0, -1]), (name, t)
+                x = torch.tensor([[tr.tokens[t]]])
+            else:
+                assert all(
+                    torch.equal(k0, k1) and torch.equal(v0, v1)
+                    for (k0, v0), (k1, v1) in zip(_kv(reused), _kv(full), strict=True))
+
+
+@pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
+def test_decoding_on_a_trace_equals_decoding_from_scratch(deep, arch):
+    """greedy_decode with a traced prefix: the same tokens under every head set, those
+    that leave the unablated tokens and those that do not; steps that follow the
+    unablated tokens run only the layers from the lowest ablated one. Sliding-window
+    models keep no trace (their caches trim as they slide)."""
+    model, means = deep(arch)
+    prompt = PROMPT[0].tolist()
+    prefix = prompt_prefix(model, prompt, list(HEAD_SETS.values()), decode_steps=8)
+    if arch in ("gemma3", "qwen3"):
+        assert prefix.trace is None
+        return
+    kw = dict(max_new_tokens=8, stop_at_newline=False, stop_at_eos=False)
+    left = 0
+    for name, heads in {**HEAD_SETS, "none": []}.items():
+        with ablate(model, heads, "query_mean", means=means):
+            calls, handles = _q_proj_calls(model)
+            try:
+                traced = greedy_decode(model, prompt, prefix=prefix, **kw)
+            finally:
+                for h in handles:
+                    h.remove()
+            plain = greedy_decode(model, prompt, **kw)
+        assert traced.generated == plain.generated, name
+        same = 0
+        while same < 8 and traced.generated[same] == prefix.trace.tokens[same]:
+            same += 1
+        left += same < 8
+        if name in ("from2", "from3"):  # prompt and the followed steps skip layers < L
+            start = int(name[-1])
+            reused_steps = min(same + 1, 8)
+            assert calls[0] == 8 - reused_steps, (name, calls)
+            assert calls[start] == 1 + 8, (name, calls)
+        if name == "none":
+            assert same == 8 and calls == [0] * 4  # the trace's own steps
+    assert left >= 1  # some head set leaves the unablated tokens (the divergence path)
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "llama"])
+def test_ablation_sweep_reuse_switch_gives_identical_records(deep, tmp_path, arch):
     from locos_tl import ablation_sweep
 
-    model, means = deep("gemma3")
+    model, means = deep(arch)
     trials = [Trial(tokens=PROMPT[0, i:].tolist(), needle_span=(3, 6), answer="x",
                     trial_id=f"t{i}") for i in range(2)]
     import json

@@ -9,8 +9,8 @@ import typer
 from typer.core import TyperGroup
 
 # `locos --help` lists the commands in the order of the workflow, not of registration
-WORKFLOW_ORDER = ("models", "build-trials", "score", "ablate", "patch", "compress", "calibrate",
-                  "reproduce", "demo", "train-organism", "elicit")
+WORKFLOW_ORDER = ("models", "build-trials", "score", "ablate", "ablate-tf", "patch", "compress",
+                  "calibrate", "reproduce", "demo", "train-organism", "elicit")
 
 
 class HelpGroup(TyperGroup):
@@ -49,6 +49,7 @@ app = typer.Typer(
 
 # Sub-modules register commands on `app` when imported (one module per command group).
 from locos_tl.cli import ablate as _ablate  # noqa: E402,F401
+from locos_tl.cli import ablate_tf as _ablate_tf  # noqa: E402,F401
 from locos_tl.cli import compress as _compress  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
 from locos_tl.cli import elicit as _elicit  # noqa: E402,F401

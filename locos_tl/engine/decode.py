@@ -37,7 +37,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.engine.continuations import check_continuations, continuation_logprob
 from locos_tl.engine.forward import (
     DECODE_ENGINES,
     DecodeEngine,
@@ -49,13 +48,12 @@ from locos_tl.engine.forward import (
     _step_values,
     _TwinScales,
     engine_paths,
-    fork_cache,
     prefill,
     prefill_with_rows,
     step_engine,
 )
 from locos_tl.engine.kernel import phi_layer
-from locos_tl.engine.prefix import PromptPrefix, prefill_from
+from locos_tl.engine.prefix import PromptPrefix, prefill_from, trace_step
 from locos_tl.engine.stops import (
     STOP_RULES,
     DecodeResult,
@@ -64,6 +62,7 @@ from locos_tl.engine.stops import (
     check_stop_rule,
     is_newline_stop,
 )
+from locos_tl.engine.teacher_forcing import cached_continuation_logprobs, prompt_ids
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
 
@@ -226,27 +225,10 @@ def _assemble(
     return pattern, kv
 
 
-def _prompt_ids(tokens: Any) -> Tensor:
-    """``tokens`` (ids, or an integer tensor of shape ``[N]`` or ``[1, N]``) as ``[1, N]``
-    long.
-
-    Raises:
-        TrialError: a string (not tokenized), a float or bool tensor, or anything that is
-            not a sequence of integer ids (:func:`locos_tl.trials.as_token_ids`)."""
-    if isinstance(tokens, Tensor):
-        dt = tokens.dtype
-        if dt.is_floating_point or dt.is_complex or dt == torch.bool:
-            raise TrialError(f"tokens must be integer token ids, got a {dt} tensor")
-        return tokens.to(torch.long).reshape(1, -1)
-    from locos_tl.trials import as_token_ids
-
-    return torch.tensor([as_token_ids(tokens, "tokens")], dtype=torch.long).reshape(1, -1)
-
-
 @torch.no_grad()
 def greedy_decode(
     model: Any,
-    tokens: Any,  # Sequence[int] | Tensor; checked by _prompt_ids (clear TrialError)
+    tokens: Any,  # Sequence[int] | Tensor; checked by prompt_ids (clear TrialError)
     *,
     max_new_tokens: int = 50,
     on_step: Callable[[DecodeStep], None] | None = None,
@@ -308,7 +290,11 @@ def greedy_decode(
             prefill. Ignored (a full prefill) when it cannot be exact: other tokens, a
             hook the twin cannot run, ``prefill_mode`` other than ``"auto"``, a
             ``chunk_size`` shorter than the prompt, attention rows asked for
-            (``on_prompt_rows``), or that layer's ``resid_pre`` not kept.
+            (``on_prompt_rows``), or that layer's ``resid_pre`` not kept. With a
+            ``prefix.trace`` (:func:`locos_tl.engine.prefix.trace_decode`), each step
+            whose tokens so far are the unablated decoding's also starts at that layer
+            (:func:`locos_tl.engine.prefix.trace_step`; SDPA-twin steps, no
+            ``forced_tokens``): the same logits as the full step.
 
     Returns:
         The generated ids (the stop token included), the decoded response text (stop
@@ -323,7 +309,7 @@ def greedy_decode(
         NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
     check_stop_rule(stop_rule)
-    ids = _prompt_ids(tokens)
+    ids = prompt_ids(tokens)
     if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
             or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
@@ -347,11 +333,16 @@ def greedy_decode(
     if (prefix is not None and on_prompt_rows is None and prefill_mode == "auto"
             and (chunk_size is None or chunk_size >= N - 1)):
         cache = prefill_from(model, prefix, ids[:, :-1])
+    # the prompt came from the prefix: steps that generate the unablated tokens can
+    # start at the lowest ablated layer too (prefix.trace)
+    follow = (cache is not None and prefix is not None and prefix.trace is not None
+              and forced_tokens is None and eng.path == "sdpa_twin")
     if cache is None:
         cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
                                   if on_prompt_rows is not None else 0, on_prompt_rows,
                                   mode=prefill_mode, chunk_size=chunk_size)
-    scored = (_continuation_logprobs(model, eng, cache, ids[0, -1], score_continuations)
+    scored = (cached_continuation_logprobs(model, eng, cache, ids[0, -1],
+                                           score_continuations)
               if score_continuations is not None else None)
     rows: dict[int, Tensor] = {}
     scales: dict[str, Tensor] = {}
@@ -392,8 +383,12 @@ def greedy_decode(
                 step_scales = ({k: v[0] for k, v in twin_scales.values.items()}
                                if twin_scales is not None else {})
             elif eng.path == "sdpa_twin":
-                logits = eng.twin(step_input, past_key_values=cache, use_cache=True,
-                                  logits_to_keep=1).logits[0, -1]
+                reused = (trace_step(model, prefix, cache, t, step_input)
+                          if follow and prefix is not None else None)
+                follow = reused is not None
+                logits = reused if reused is not None else eng.twin(
+                    step_input, past_key_values=cache, use_cache=True,
+                    logits_to_keep=1).logits[0, -1]
                 step_scales = {}
             else:
                 rows.clear()
@@ -410,6 +405,7 @@ def greedy_decode(
                 raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
                                      f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
             y = pick if forced_tokens is None else int(forced_tokens[t])
+            follow = follow and y == prefix.trace.tokens[t]  # type: ignore[union-attr]
             step_thinking = rules.is_thinking(state, y)
             if on_step is not None:
                 pattern, kv = _assemble(attn, cache, before, n_keys)
@@ -428,24 +424,3 @@ def greedy_decode(
     result = rules.result(state, N, generated)
     result.continuation_logprobs = scored
     return result
-
-
-def _continuation_logprobs(model: Any, eng: Any, cache: Any, last_id: Tensor,
-                           continuations: Sequence[Sequence[int]]) -> list[float]:
-    """Teacher-forced log-probabilities (nats) of ``continuations`` after a prompt
-    whose first ``N - 1`` tokens are in ``cache`` and whose last token is ``last_id``:
-    one batch-1 forward of ``[last_id, *c[:-1]]`` per continuation on a fork of the
-    cache (:func:`fork_cache`: no tensor copied), through the decoding's engine."""
-    conts = [[int(x) for x in c] for c in continuations]
-    check_continuations(model, int(cache.get_seq_length()) + 1, conts)
-    out = []
-    for c in conts:
-        step = torch.tensor([[int(last_id), *c[:-1]]], device=last_id.device)
-        kv = fork_cache(model, cache)
-        if eng.path in ("eager_twin", "sdpa_twin"):
-            logits = eng.twin(step, past_key_values=kv, use_cache=True).logits[0]
-        else:
-            logits = model.run_with_hooks(step, fwd_hooks=[], past_key_values=kv,
-                                          use_cache=True, return_type="logits")[0]
-        out.append(float(continuation_logprob(logits, c)))
-    return out

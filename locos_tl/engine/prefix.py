@@ -9,6 +9,13 @@ the open interventions by running layers ``L ..`` on the kept ``resid_pre`` whil
 layers below hand over their kept cache (a shallow copy: decoding grows a cache by
 concatenation, never in place, so the kept tensors are shared, not duplicated).
 
+Decoding extends the same argument step by step. While an ablated decoding has generated
+the unablated tokens, its next step's input and every layer below ``L`` are again the
+unablated run's: :func:`trace_decode` keeps the unablated decoding's steps (their
+``resid_pre``, logits and KV entries) and :func:`trace_step` runs such a step from
+``L``. From the first other token on, the steps run every layer. Sliding-window caches
+trim as they slide, so models with such layers reuse the prompt only.
+
 Both run on the SDPA twin (:mod:`locos_tl.engine.twin`): the model's own forward builds
 the masks and position embeddings for a fresh cache, and only the decoder layers below
 ``L`` are replaced for the call by a replay of their kept state. No model code is forked.
@@ -39,8 +46,9 @@ from locos_tl.engine.forward import _new_cache, fork_cache
 from locos_tl.engine.interventions import engine, lens_hooks_attached, lowest_intervened_layer
 from locos_tl.engine.twin import sdpa_twin
 
-__all__ = ["DEFAULT_PREFIX_BYTES", "PromptPrefix", "capture_prefix", "keep_resid_pre",
-           "prefill_from", "prompt_prefix", "start_at_layer"]
+__all__ = ["DEFAULT_PREFIX_BYTES", "DecodeTrace", "PromptPrefix", "capture_prefix",
+           "keep_resid_pre", "prefill_from", "prompt_prefix", "start_at_layer",
+           "trace_decode", "trace_step"]
 
 #: default cap on the kept ``resid_pre`` of one prompt (bytes)
 DEFAULT_PREFIX_BYTES = 1 << 30
@@ -61,11 +69,32 @@ class PromptPrefix:
     cache: Any
     resid: dict[int, Float[Tensor, "1 P d_model"]]
     skipped: list[int] = field(default_factory=list)
+    trace: DecodeTrace | None = None
 
     @property
     def nbytes(self) -> int:
         """Bytes held by the kept ``resid_pre`` tensors (the cache not counted)."""
         return sum(t.numel() * t.element_size() for t in self.resid.values())
+
+
+@dataclass(eq=False)
+class DecodeTrace:
+    """The unablated greedy continuation of a prompt, step by step, kept so an ablated
+    decoding that generates the same tokens computes its steps from its lowest ablated
+    layer too (:func:`trace_step`).
+
+    Attributes:
+        tokens: ``y_0 .. y_{T-1}``, the unablated argmax of each step.
+        logits: ``[T, d_vocab]`` each step's logits.
+        resid: layer ``L`` -> ``[1, T, d_model]`` each step's ``resid_pre`` of ``L``.
+        keys, values: per layer, the steps' cache entries ``[1, n_kv, T, d_head]``.
+    """
+
+    tokens: list[int]
+    logits: Float[Tensor, "T d_vocab"]
+    resid: dict[int, Float[Tensor, "1 T d_model"]]
+    keys: list[Tensor]
+    values: list[Tensor]
 
 
 def _decoder_layers(twin: Any) -> dict[int, torch.nn.Module]:
@@ -184,17 +213,22 @@ def start_at_layer(model: Any, start: int, resid: Float[Tensor, "1 pos d_model"]
 
 
 def prompt_prefix(model: Any, tokens: Sequence[int], head_sets: Sequence[Sequence[Any]], *,
-                  max_bytes: int = DEFAULT_PREFIX_BYTES) -> PromptPrefix | None:
+                  max_bytes: int = DEFAULT_PREFIX_BYTES,
+                  decode_steps: int = 0) -> PromptPrefix | None:
     """The prefix a decoding of ``tokens`` (a whole prompt, its last token included)
     reuses under each of ``head_sets`` (``(layer, head)`` pairs): ``resid_pre`` kept at
-    each set's lowest layer. None when it would serve fewer than two head sets (nothing
-    to reuse), the prompt has fewer than two tokens, or no twin exists."""
+    each set's lowest layer, and with ``decode_steps`` the unablated decoding's first
+    steps (:func:`trace_decode`). None when it would serve fewer than two head sets
+    (nothing to reuse), the prompt has fewer than two tokens, or no twin exists."""
     if len(head_sets) < 2 or len(tokens) < 2:
         return None
     device = next(model.original_model.parameters()).device
     ids = torch.tensor([[int(x) for x in tokens[:-1]]], dtype=torch.long, device=device)
     starts = [min(int(h[0]) for h in heads) for heads in head_sets if len(heads)]
-    return capture_prefix(model, ids, starts, max_bytes=max_bytes)
+    prefix = capture_prefix(model, ids, starts, max_bytes=max_bytes)
+    if prefix is not None and decode_steps > 0:
+        prefix.trace = trace_decode(model, prefix, int(tokens[-1]), decode_steps)
+    return prefix
 
 
 @torch.no_grad()
@@ -226,3 +260,99 @@ def prefill_from(model: Any, prefix: PromptPrefix, tokens: Tensor) -> Any | None
     with start_at_layer(model, start, prefix.resid[start], on_skip=hand_over):
         sdpa_twin(model)(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
     return cache
+
+
+def _full_attention(cache: Any, layers: int) -> bool:
+    return all(not getattr(cache.layers[l], "is_sliding", False)
+               and hasattr(cache.layers[l], "keys") for l in range(layers))
+
+
+@torch.no_grad()
+def trace_decode(model: Any, prefix: PromptPrefix, last_id: int,
+                 n_steps: int) -> DecodeTrace | None:
+    """Decode ``n_steps`` unablated greedy steps after ``prefix`` (whose last prompt
+    token is ``last_id``) on the SDPA twin, as :func:`locos_tl.engine.decode.greedy_decode`
+    does, keeping what :func:`trace_step` reuses. No stop rule: the trace runs its
+    ``n_steps`` (it ends early only at a non-finite logit).
+
+    Returns:
+        The trace, or None when the twin is missing or a layer has a sliding-window
+        cache (its entries are trimmed as it slides: not kept, so a model with sliding
+        windows reuses the prompt only).
+    """
+    twin = sdpa_twin(model)
+    n_layers = int(model.cfg.n_layers)
+    if twin is None or not _full_attention(prefix.cache, n_layers):
+        return None
+    cache = fork_cache(model, prefix.cache)
+    n_prompt = int(prefix.tokens.shape[1])
+    rows: dict[int, list[Tensor]] = {l: [] for l in prefix.resid}
+    mods = _decoder_layers(twin)
+
+    def keep(l: int) -> Any:
+        def pre(_mod: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+            h = args[0] if args else kwargs["hidden_states"]
+            rows[l].append(h.detach().clone())
+
+        return pre
+
+    handles = [mods[l].register_forward_pre_hook(keep(l), with_kwargs=True) for l in rows]
+    tokens: list[int] = []
+    logits: list[Tensor] = []
+    step = prefix.tokens.new_tensor([[int(last_id)]])
+    try:
+        for _ in range(n_steps):
+            out = twin(step, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            row = out.logits[0, -1]
+            if not bool(torch.isfinite(row).all()):
+                break
+            logits.append(row)
+            tokens.append(int(row.argmax()))
+            step = step.new_tensor([[tokens[-1]]])
+    finally:
+        for h in handles:
+            h.remove()
+    n = len(tokens)
+    if n == 0:
+        return None
+    return DecodeTrace(
+        tokens=tokens, logits=torch.stack(logits),
+        resid={l: torch.cat(r[:n], dim=1) for l, r in rows.items()},
+        keys=[cache.layers[l].keys[..., n_prompt:, :].clone() for l in range(n_layers)],
+        values=[cache.layers[l].values[..., n_prompt:, :].clone() for l in range(n_layers)])
+
+
+def trace_step(model: Any, prefix: PromptPrefix, cache: Any, t: int,
+               step_input: Tensor) -> Tensor | None:
+    """Decoding step ``t`` of an ablated decoding whose tokens so far are the trace's
+    (``y_0 .. y_{t-1}``; the caller checks), computed from the lowest intervened layer
+    ``L``: the layers below ``L`` hand over the prompt's cache plus the trace's entries
+    of steps ``0 .. t`` and layer ``L`` starts on the trace's ``resid_pre``. With no
+    intervention open the step is the trace's own. Returns the step's logits
+    ``[d_vocab]`` (the same as the full step: the same kernels on the same inputs), or
+    None when the step cannot be reused (no trace, ``t`` beyond it, ``L``'s
+    ``resid_pre`` not kept, a hook the twin cannot run)."""
+    tr = prefix.trace
+    if tr is None or t >= len(tr.tokens) or engine(model) != "twin":
+        return None
+    n_layers = int(model.cfg.n_layers)
+    start = lowest_intervened_layer(model)
+    start = n_layers if start is None else start
+    if start == 0 or (start < n_layers and start not in tr.resid):
+        return None
+
+    def hand_over(l: int) -> None:
+        own = prefix.cache.layers[l]
+        layer = copy.copy(own)
+        layer.keys = torch.cat([own.keys, tr.keys[l][..., : t + 1, :]], dim=-2)
+        layer.values = torch.cat([own.values, tr.values[l][..., : t + 1, :]], dim=-2)
+        cache.layers[l] = layer
+
+    if start >= n_layers:  # no intervention: the trace's step, its cache entries included
+        for l in range(n_layers):
+            hand_over(l)
+        return tr.logits[t]
+    with start_at_layer(model, start, tr.resid[start][:, t : t + 1], on_skip=hand_over):
+        out = sdpa_twin(model)(step_input, past_key_values=cache, use_cache=True,
+                               logits_to_keep=1)
+    return out.logits[0, -1]

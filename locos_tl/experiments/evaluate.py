@@ -247,8 +247,10 @@ def ablation_sweep(
             workers it is left out (a warning says so).
         reuse_prefix: compute each ablated prompt from its lowest ablated layer on one
             unablated prefill per trial (:mod:`locos_tl.engine.prefix`; local executor,
-            SDPA twin, a prompt within ``chunk_size``): the same tokens and logits as
-            recomputing it all, which ``False`` does.
+            SDPA twin, a prompt within ``chunk_size``), and each decode step from that
+            layer while the generation follows the unablated one (models without
+            sliding-window layers): the same tokens and logits as recomputing it all,
+            which ``False`` does.
         prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes, highest layers
             first); a head set starting beyond it recomputes the prompt.
         stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
@@ -387,7 +389,8 @@ def ablation_sweep(
     for t in trials:
         keys = pending.pop(t.trial_id, [])
         prefix = (prompt_prefix(model, t.tokens, [sets[key] for key in keys],
-                                max_bytes=prefix_bytes) if reuse_prefix else None)
+                                max_bytes=prefix_bytes, decode_steps=max_new_tokens)
+                  if reuse_prefix else None)
         # the margin's names are scored from the decoding's prefill (one prompt forward
         # per generation)
         names = candidate_token_ids(model.tokenizer, t) if name_margin else None

@@ -1,0 +1,177 @@
+"""An ablation sweep scored without decoding: answer log-probability and name margin.
+
+For each trial and head set (the cells of :func:`locos_tl.experiments.evaluate.build_jobs`:
+baseline, top-k of each ranking, random heads, bottom-k) the ablated model scores, teacher
+forced right after the prompt,
+
+- ``logp_answer``: the log-probability (nats) of the answer's tokens as they would start
+  the response (:func:`locos_tl.experiments.margin.name_prefix`);
+- on trials with distractor needles, ``name_margin``: the answer's log-probability minus
+  the best distractor name's (nats; :mod:`locos_tl.experiments.margin`).
+
+Each needs one prompt forward, computed from the head set's lowest ablated layer on the
+trial's unablated prefill (:mod:`locos_tl.engine.prefix`), and one short forward per name
+(:func:`locos_tl.engine.teacher_forcing.continuation_logprobs`). No token is generated,
+so there is no ``contains`` or ROUGE: use it where the protocol is a log-probability or a
+margin (the paired Wilcoxon test of the distractor protocol, a quick first pass over a
+large grid), and :func:`locos_tl.ablation_sweep` for answer accuracy. Its margins equal,
+bit for bit, the ones :func:`locos_tl.ablation_sweep` records for the same cells.
+
+Runs are resumable: one JSON line per (head set, trial) in ``out_dir/trials.jsonl``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from locos_tl.engine.ablation import AblationMeans, AblationMode, ablate, check_mode
+from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
+from locos_tl.engine.teacher_forcing import continuation_logprobs
+from locos_tl.experiments.evaluate import DEFAULT_KS, build_jobs, means_hash
+from locos_tl.experiments.margin import margin_of_logprobs, name_prefix, name_token_ids
+from locos_tl.experiments.score import check_trials_fit
+from locos_tl.head_spec import HeadLike, as_int, parse_ks
+from locos_tl.heads import HeadScores
+from locos_tl.models.load import model_dtype, model_name
+from locos_tl.runs.provenance import provenance
+from locos_tl.runs.records import META_FILE, RecordStore
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
+
+__all__ = ["METRICS", "answer_token_ids", "teacher_forced_sweep"]
+
+#: the metrics of a record, in nats
+METRICS = ("logp_answer", "name_margin")
+RESUME_KEYS = ("model", "dtype", "mode", "means_hash")
+
+
+def answer_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
+    """Token ids of the answer (the needle's character where recorded, else
+    ``trial.answer``), then of each distractor name, as they would start the response.
+
+    Raises:
+        TrialError: a name that tokenizes to nothing.
+    """
+    names = [str(trial.meta.get("character") or trial.answer)]
+    names += [str(n) for n in trial.meta.get("distractor_names") or []]
+    return [name_token_ids(tokenizer, n, name_prefix(trial)) for n in names]
+
+
+def _record(key: str, n_heads: int, t: Trial, logp: Sequence[float]) -> dict[str, Any]:
+    rec: dict[str, Any] = {"trial_id": f"{key}:{t.trial_id}", "heads_key": key,
+                           "trial": t.trial_id, "n_heads": n_heads,
+                           "logp_answer": float(logp[0])}
+    if len(logp) > 1:
+        rec.update(margin_of_logprobs(t, logp))
+    return rec
+
+
+def teacher_forced_sweep(
+    model: Any,
+    trials: Any,
+    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
+    *,
+    k: int | Sequence[int] | None = None,
+    mode: AblationMode = "query_mean",
+    means: AblationMeans | None = None,
+    seeds: int | Sequence[int] = (0, 1, 2),
+    random: bool = True,
+    bottom: str | None = "auto",
+    out_dir: str | Path | None = None,
+    chunk_size: int = 1024,
+    reuse_prefix: bool = True,
+    prefix_bytes: int = DEFAULT_PREFIX_BYTES,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """The cells of :func:`locos_tl.ablation_sweep`, scored teacher forced (module
+    docstring): no decoding.
+
+    Args:
+        model: a TransformerBridge.
+        trials: the evaluation trials.
+        head_sets, k, seeds, random, bottom: the grid, as in
+            :func:`locos_tl.ablation_sweep`.
+        mode, means: the ablation (:func:`locos_tl.ablate`).
+        out_dir: run directory (``trials.jsonl`` records, ``meta.json``); a rerun with
+            the same settings and trials skips finished records.
+        chunk_size: prefill query chunk.
+        reuse_prefix: compute each ablated prompt from its lowest ablated layer on one
+            unablated prefill per trial (bit-identical to ``False``, which recomputes
+            every prompt).
+        prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes).
+        progress: a tqdm bar over (head set, trial) pairs.
+
+    Returns:
+        Tidy DataFrame, one row per (method, k, seed, metric): ``value`` is the mean
+        over trials in nats (``logp_answer``; ``name_margin`` where every trial has
+        distractor names), ``n_trials`` the count. The baseline row is
+        ``method="baseline", k=0``.
+
+    Raises:
+        ValueError: unknown mode; a ``*_mean`` mode without ``means``; a malformed head
+            set or k (as :func:`locos_tl.ablation_sweep`).
+        TrialError: a trial does not fit the model; an answer that tokenizes to nothing.
+        LocosError: ``out_dir`` holds a run with other settings or trials.
+    """
+    mode = check_mode(mode)
+    if mode.endswith("_mean") and means is None:
+        raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
+    trials = as_trial_list(trials, "teacher_forced_sweep")
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    ks = ([x for x in DEFAULT_KS if x <= L * H] if k is None
+          else parse_ks(k, n_total=L * H, what="k"))
+    seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
+    jobs = build_jobs(head_sets, ks, n_layers=L, n_heads=H, seeds=seeds, random=random,
+                      bottom=bottom)
+    names = {t.trial_id: answer_token_ids(model.tokenizer, t) for t in trials}
+    longest = max((len(n) for ns in names.values() for n in ns), default=1)
+    check_trials_fit(model, trials, longest)
+    settings = {"model": model_name(model), "dtype": model_dtype(model), "mode": mode,
+                "means_hash": means_hash(means), "scoring": "teacher_forced",
+                "reuse_prefix": bool(reuse_prefix), "ks": sorted({int(x) for x in ks}),
+                "seeds": seeds, "n_trials": len(trials),
+                "trial_set_hash": trial_set_hash(trials),
+                "head_sets": {j.key: [list(h) for h in j.heads] for j in jobs}}
+    store = (RecordStore(out_dir, settings, RESUME_KEYS, trial_field="trial")
+             if out_dir is not None else None)
+    sets = {j.key: j.heads for j in jobs}
+    records: dict[tuple[str, str], dict[str, Any]] = {}
+    todo: dict[str, list[str]] = {}
+    for key in sets:
+        for t in trials:
+            rec = store.get(f"{key}:{t.trial_id}") if store is not None else None
+            if rec is not None:
+                records[(key, t.trial_id)] = rec
+            else:
+                todo.setdefault(t.trial_id, []).append(key)
+    if store is not None and (todo or not (store.dir / META_FILE).exists()):
+        store.write_meta(provenance(model, settings))
+    bar = tqdm(total=sum(map(len, todo.values())), desc=f"teacher-forced ({mode})",
+               unit="cell", disable=not progress)
+    for t in trials:
+        keys = todo.get(t.trial_id, [])
+        prefix = (prompt_prefix(model, t.tokens, [sets[key] for key in keys],
+                                max_bytes=prefix_bytes) if reuse_prefix and keys else None)
+        for key in keys:
+            with ablate(model, list(sets[key]), mode, means=means):
+                logp = continuation_logprobs(model, t.tokens, names[t.trial_id],
+                                             prefix=prefix, chunk_size=chunk_size)
+            rec = _record(key, len(sets[key]), t, logp)
+            records[(key, t.trial_id)] = rec
+            if store is not None:
+                store.append(rec)
+            bar.update(1)
+    bar.close()
+    rows = []
+    for j in jobs:
+        recs = [records[(j.key, t.trial_id)] for t in trials]
+        for metric in METRICS:
+            vals = [r[metric] for r in recs if r.get(metric) is not None]
+            if len(vals) == len(recs):
+                rows.append({"method": j.method, "k": j.k, "seed": j.seed, "metric": metric,
+                             "value": sum(vals) / len(vals), "n_trials": len(vals)})
+    return pd.DataFrame(rows, columns=["method", "k", "seed", "metric", "value", "n_trials"])
