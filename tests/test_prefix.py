@@ -215,6 +215,27 @@ def test_decoding_on_a_trace_equals_decoding_from_scratch(deep, arch):
     assert left >= 1  # some head set leaves the unablated tokens (the divergence path)
 
 
+def test_a_trace_ends_where_the_unablated_decoding_stops(deep):
+    """With the decodings' stop rules the trace is the unablated generation; a decoding
+    that outruns a shorter trace goes on with full steps, the same tokens."""
+    from locos_tl.engine.stops import stop_predicate
+
+    model, means = deep("olmo2")
+    prompt = PROMPT[0].tolist()
+    sets = list(HEAD_SETS.values())
+    ruled = prompt_prefix(model, prompt, sets, decode_steps=8,
+                          stop=stop_predicate(model, prompt))
+    with ablate(model, [], "query_mean", means=means):
+        assert ruled.trace.tokens == greedy_decode(model, prompt, max_new_tokens=8).generated
+    short = prompt_prefix(model, prompt, sets, decode_steps=8, stop=lambda t, y: t == 2)
+    assert len(short.trace.tokens) == 3
+    kw = dict(max_new_tokens=8, stop_at_newline=False, stop_at_eos=False)
+    for heads in [[], *sets]:
+        with ablate(model, heads, "query_mean", means=means):
+            assert (greedy_decode(model, prompt, prefix=short, **kw).generated
+                    == greedy_decode(model, prompt, **kw).generated)
+
+
 @pytest.mark.parametrize("arch", ["gemma3", "llama"])
 def test_ablation_sweep_reuse_switch_gives_identical_records(deep, tmp_path, arch):
     from locos_tl import ablation_sweep

@@ -157,8 +157,8 @@ def test_cli_ablate_tf_writes_the_table_and_resumes(tmp_path):
     assert res.exit_code == 0, res.output
     df = pd.read_csv(out / "evaluation.csv")
     assert set(df.metric) == {"logp_answer"} and (df.n_trials == 3).all()
-    assert sorted(zip(df.method, df.k)) == [("baseline", 0), ("random", 1), ("random", 2),
-                                            ("w", 1), ("w", 2)]
+    cells = sorted(zip(df.method, df.k, strict=True))
+    assert cells == [("baseline", 0), ("random", 1), ("random", 2), ("w", 1), ("w", 2)]
     assert (df.value < 0).all()  # log-probabilities of a name, nats
     assert (out / "ablation.html").exists()
     n = len((out / "trials.jsonl").read_text().splitlines())

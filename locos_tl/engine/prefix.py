@@ -213,12 +213,12 @@ def start_at_layer(model: Any, start: int, resid: Float[Tensor, "1 pos d_model"]
 
 
 def prompt_prefix(model: Any, tokens: Sequence[int], head_sets: Sequence[Sequence[Any]], *,
-                  max_bytes: int = DEFAULT_PREFIX_BYTES,
-                  decode_steps: int = 0) -> PromptPrefix | None:
+                  max_bytes: int = DEFAULT_PREFIX_BYTES, decode_steps: int = 0,
+                  stop: Callable[[int, int], bool] | None = None) -> PromptPrefix | None:
     """The prefix a decoding of ``tokens`` (a whole prompt, its last token included)
     reuses under each of ``head_sets`` (``(layer, head)`` pairs): ``resid_pre`` kept at
     each set's lowest layer, and with ``decode_steps`` the unablated decoding's first
-    steps (:func:`trace_decode`). None when it would serve fewer than two head sets
+    steps, to its ``stop`` (:func:`trace_decode`). None when it would serve fewer than two head sets
     (nothing to reuse), the prompt has fewer than two tokens, or no twin exists."""
     if len(head_sets) < 2 or len(tokens) < 2:
         return None
@@ -227,7 +227,7 @@ def prompt_prefix(model: Any, tokens: Sequence[int], head_sets: Sequence[Sequenc
     starts = [min(int(h[0]) for h in heads) for heads in head_sets if len(heads)]
     prefix = capture_prefix(model, ids, starts, max_bytes=max_bytes)
     if prefix is not None and decode_steps > 0:
-        prefix.trace = trace_decode(model, prefix, int(tokens[-1]), decode_steps)
+        prefix.trace = trace_decode(model, prefix, int(tokens[-1]), decode_steps, stop=stop)
     return prefix
 
 
@@ -268,12 +268,14 @@ def _full_attention(cache: Any, layers: int) -> bool:
 
 
 @torch.no_grad()
-def trace_decode(model: Any, prefix: PromptPrefix, last_id: int,
-                 n_steps: int) -> DecodeTrace | None:
-    """Decode ``n_steps`` unablated greedy steps after ``prefix`` (whose last prompt
-    token is ``last_id``) on the SDPA twin, as :func:`locos_tl.engine.decode.greedy_decode`
-    does, keeping what :func:`trace_step` reuses. No stop rule: the trace runs its
-    ``n_steps`` (it ends early only at a non-finite logit).
+def trace_decode(model: Any, prefix: PromptPrefix, last_id: int, n_steps: int, *,
+                 stop: Callable[[int, int], bool] | None = None) -> DecodeTrace | None:
+    """Decode at most ``n_steps`` unablated greedy steps after ``prefix`` (whose last
+    prompt token is ``last_id``) on the SDPA twin, as
+    :func:`locos_tl.engine.decode.greedy_decode` does, keeping what :func:`trace_step`
+    reuses. ``stop(t, y)`` (:func:`locos_tl.engine.stops.stop_predicate`, the decodings'
+    own rules) ends it where the unablated decoding ends: a decoding that follows it
+    stops there too. It also ends at a non-finite logit.
 
     Returns:
         The trace, or None when the twin is missing or a layer has a sliding-window
@@ -301,13 +303,15 @@ def trace_decode(model: Any, prefix: PromptPrefix, last_id: int,
     logits: list[Tensor] = []
     step = prefix.tokens.new_tensor([[int(last_id)]])
     try:
-        for _ in range(n_steps):
+        for t in range(n_steps):
             out = twin(step, past_key_values=cache, use_cache=True, logits_to_keep=1)
             row = out.logits[0, -1]
             if not bool(torch.isfinite(row).all()):
                 break
             logits.append(row)
             tokens.append(int(row.argmax()))
+            if stop is not None and stop(t, tokens[-1]):
+                break
             step = step.new_tensor([[tokens[-1]]])
     finally:
         for h in handles:

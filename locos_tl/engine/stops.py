@@ -13,17 +13,18 @@ protocol table; Gema, Alex & Minervini 2026, arXiv 2607.01002).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+import torch
 from torch import Tensor
 
 from locos_tl.engine.answers import scan_think, think_token_ids
 from locos_tl.engine.forward import _hf_model
 
 __all__ = ["STOP_RULES", "DecodeResult", "StopRule", "check_stop_rule", "is_newline_stop",
-           "legacy_stop_rule"]
+           "legacy_stop_rule", "stop_predicate"]
 
 StopRule = Literal["newline_token", "contains_newline", "none"]
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
@@ -205,3 +206,19 @@ def _stop_ids(model: Any) -> set[int]:
         elif isinstance(src, Sequence):
             ids.update(int(i) for i in src)
     return ids
+
+
+def stop_predicate(model: Any, prompt: Sequence[int], *, stop_rule: str = "newline_token",
+                   thinking: bool = True, stop_at_eos: bool = True,
+                   stop_at_newline: bool = True) -> Callable[[int, int], bool]:
+    """``stop(t, y)``: whether :func:`locos_tl.engine.decode.greedy_decode` with these
+    rules, on ``prompt``, stops after generating ``y`` at step ``t``. Call it once per
+    step, in order (it keeps the thinking state)."""
+    rules = _StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos,
+                          stop_at_newline=stop_at_newline)
+    state = rules.initial(torch.tensor([int(x) for x in prompt], dtype=torch.long))
+
+    def stop(t: int, y: int) -> bool:
+        return rules.advance(state, t, y, rules.is_thinking(state, y))
+
+    return stop

@@ -34,7 +34,12 @@ from locos_tl.engine.ablation import (
 )
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
-from locos_tl.engine.stops import StopRule, check_stop_rule, legacy_stop_rule
+from locos_tl.engine.stops import (
+    StopRule,
+    check_stop_rule,
+    legacy_stop_rule,
+    stop_predicate,
+)
 from locos_tl.experiments.dissociation import (  # noqa: F401  (re-exported: old import path)
     BASELINE,
     dissociation_score,
@@ -389,7 +394,9 @@ def ablation_sweep(
     for t in trials:
         keys = pending.pop(t.trial_id, [])
         prefix = (prompt_prefix(model, t.tokens, [sets[key] for key in keys],
-                                max_bytes=prefix_bytes, decode_steps=max_new_tokens)
+                                max_bytes=prefix_bytes, decode_steps=max_new_tokens,
+                                stop=stop_predicate(model, t.tokens, stop_rule=stop_rule,
+                                                    thinking=thinking))
                   if reuse_prefix else None)
         # the margin's names are scored from the decoding's prefill (one prompt forward
         # per generation)
