@@ -32,6 +32,9 @@ def main() -> None:
                     help="the run directory whose trials/detect_onehop.jsonl to use")
     ap.add_argument("--n", type=int, default=1, help="trials")
     ap.add_argument("--max-new-tokens", type=int, default=16)
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16")
+    ap.add_argument("--reuse-only", action="store_true",
+                    help="time only the path from the patched layer")
     args = ap.parse_args()
 
     trials_file = Path(args.run) / "trials" / "detect_onehop.jsonl"
@@ -42,7 +45,7 @@ def main() -> None:
                (Path(args.published) / "detect" / "trials.jsonl").read_text().splitlines()]
     accepted = {r["trial_id"] for r in records if r.get("accepted")}  # as the patch stage
     trials = [t for t in lt.load_trials(trials_file) if t.trial_id in accepted][: args.n]
-    model = lt.load_model(args.model, device="cpu", dtype="float32")
+    model = lt.load_model(args.model, device="cpu", dtype=args.dtype)
     L = int(model.cfg.n_layers)
     kw = dict(batch_size=1, max_new_tokens=args.max_new_tokens)
     lt.greedy_decode(model, list(trials[0].tokens[:64]), max_new_tokens=1)  # warm-up (twins)
@@ -50,13 +53,19 @@ def main() -> None:
     same, diff = True, 0.0
     for t in trials:
         out = {}
-        for reuse in (False, True):
+        for reuse in (True,) if args.reuse_only else (False, True):
             t0 = time.perf_counter()
             out[reuse] = cri_trial(model, t, reuse_prefix=reuse, **kw)
             times[reuse] += time.perf_counter() - t0
+        if args.reuse_only:
+            continue
         a, b = (torch.tensor(out[r]["scores"]["cri"]) for r in (False, True))
         same &= torch.equal(a, b)
         diff = max(diff, float((a - b).abs().max()))
+    if args.reuse_only:
+        print(f"{args.model}, {args.dtype}, {len(trials)} trial(s), from the patched layer: "  # noqa: T201
+              f"{times[True] / len(trials):.1f} s/trial")
+        return
     lines = [
         f"{args.model}, {len(trials)} trial(s) of {len(trials[0].tokens)} tokens, "
         f"{L * int(model.cfg.n_heads)} heads, one head per forward",

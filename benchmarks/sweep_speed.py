@@ -63,6 +63,7 @@ def main() -> None:
                     help="trials per path, path:n,...")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--work", default="runs/bench/sweep_speed")
+    ap.add_argument("--dtype", default="float32", help="float32 or bfloat16")
     args = ap.parse_args()
 
     pub, run, work = Path(args.published), Path(args.run), Path(args.work)
@@ -73,7 +74,7 @@ def main() -> None:
     n_of = {p: int(n) for p, n in (x.split(":") for x in args.n.split(","))}
     rankings, seeds, keys = _grid(pub, args.cell, ks)
     all_trials = lt.load_trials(trials_file)
-    model = lt.load_model(args.model, device="cpu", dtype="float32")
+    model = lt.load_model(args.model, device="cpu", dtype=args.dtype)
     means = lt.AblationMeans.load(pub / "means.safetensors")
     grid = dict(k=ks, mode="query_mean", means=means, seeds=seeds, bottom="locos",
                 progress=True)
@@ -122,7 +123,7 @@ def main() -> None:
     summary_file.write_text(json.dumps(summary, indent=1))
     rate = {p: e["seconds"] / e["cells"] for p, e in summary.items()
             if p in PATHS and e.get("cells")}
-    print(f"{args.model}, {args.cell}, k in {ks}, {len(keys)} head sets")  # noqa: T201
+    print(f"{args.model} ({args.dtype}), {args.cell}, k in {ks}, {len(keys)} head sets")  # noqa: T201
     for p, s in rate.items():
         e = summary[p]
         line = (f"{p:>15}: {e['cells']} cells in {e['seconds']:.0f} s = {s:.2f} s/cell; "

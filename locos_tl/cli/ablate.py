@@ -285,8 +285,9 @@ def ablate(
     thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
                                                 "the stop rule and the metric.")] = True,
     reuse_prefix: Annotated[bool, typer.Option(
-        help="Compute each ablated prompt from its lowest ablated layer on one unablated "
-             "prefill per trial (same tokens; --no-reuse-prefix recomputes it all).")] = True,
+        help="Compute each ablated prompt, and each step that follows the unablated "
+             "decoding, from the lowest ablated layer (same tokens; --no-reuse-prefix "
+             "recomputes it all).")] = True,
     control: Annotated[Path | None, typer.Option(
         help="Specificity-control trials (`locos build-trials parametric|arithmetic|"
              "organism-echo`): run the same ablations on them and write DS(k) "
