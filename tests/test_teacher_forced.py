@@ -138,6 +138,26 @@ def test_sweep_resumes_and_refuses_other_settings(deep, tmp_path):
                              **{**args, "means": None})
     with pytest.raises(ValueError, match="needs calibration means"):
         teacher_forced_sweep(model, trials, {"m": [(2, 1)]}, k=[1], progress=False)
+    with pytest.raises(TrialError, match="no trial"):
+        teacher_forced_sweep(model, [], {"m": [(2, 1)]}, k=[1], means=means, progress=False)
+    seen = []
+    teacher_forced_sweep(model, trials, {"m": [(2, 1), (1, 0)]}, **args,
+                         on_resume=lambda n, total: seen.append((n, total)))
+    assert seen == [(n, n)]  # every cell reused
+
+
+def test_sweep_warns_and_records_a_k_beyond_a_ranking(deep, tmp_path):
+    from locos_tl import teacher_forced_sweep
+
+    model, means = deep("llama")
+    trials = _trials(model, distractors=False)[:1]
+    with pytest.warns(UserWarning, match=r"fewer heads than k=\[3\]"):
+        df = teacher_forced_sweep(model, trials, {"m": [(2, 1), (1, 0)]}, k=[1, 3],
+                                  seeds=[0], random=False, means=means, progress=False,
+                                  out_dir=tmp_path)
+    assert sorted(zip(df.method, df.k, strict=True)) == [("baseline", 0), ("m", 1)]
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    assert meta["settings"]["skipped_k"] == {"m": [3]}
 
 
 def test_cli_ablate_tf_writes_the_table_and_resumes(tmp_path):

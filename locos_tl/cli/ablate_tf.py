@@ -21,6 +21,7 @@ from locos_tl.cli._common import (
     check_dtype,
     check_out_dir,
     fail,
+    note_resume,
     read_trials_early,
     resumable,
     trials_after_load,
@@ -90,13 +91,16 @@ def ablate_tf(
             df = teacher_forced_sweep(bridge, trial_list, head_sets, k=k_values, mode=mode,
                                       means=table, seeds=seed_values, random=random,
                                       bottom=None if bottom == "none" else bottom,
-                                      out_dir=out, reuse_prefix=reuse_prefix)
+                                      out_dir=out, reuse_prefix=reuse_prefix,
+                                      on_resume=lambda n, _: note_resume(out, n,
+                                                                         what="cells"))
     except (LocosError, ValueError, FileNotFoundError) as exc:
         fail(exc)
     df.to_csv(out / "evaluation.csv", index=False)
     write_figure(ablation_curves(df, title=f"Teacher-forced ablation ({mode}), nats"),
                  out / "ablation.html")
-    wide = df.pivot_table(index=["method", "k"], columns="metric", values="value")
+    wide = df.pivot_table(index=["method", "k", "seed"], columns="metric", values="value")
     typer.echo("\n" + wide.reset_index().to_string(index=False,
                                                    float_format=lambda x: f"{x:.3f}"))
-    typer.echo(f"\nwrote {out}/ (evaluation.csv, meta.json, trials.jsonl, ablation.html)")
+    typer.echo(f"\nwrote {out}/ (evaluation.csv, meta.json, trials.jsonl, ablation.html, "
+               "plotly.min.js)")

@@ -22,7 +22,8 @@ Runs are resumable: one JSON line per (head set, trial) in ``out_dir/trials.json
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import warnings
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,7 @@ from tqdm.auto import tqdm
 from locos_tl.engine.ablation import AblationMeans, AblationMode, ablate, check_mode
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
 from locos_tl.engine.teacher_forcing import continuation_logprobs
+from locos_tl.errors import TrialError
 from locos_tl.experiments.evaluate import DEFAULT_KS, build_jobs, means_hash
 from locos_tl.experiments.margin import margin_of_logprobs, name_prefix, name_token_ids
 from locos_tl.experiments.score import check_trials_fit
@@ -86,6 +88,7 @@ def teacher_forced_sweep(
     reuse_prefix: bool = True,
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
     progress: bool = True,
+    on_resume: Callable[[int, int], None] | None = None,
 ) -> pd.DataFrame:
     """The cells of :func:`locos_tl.ablation_sweep`, scored teacher forced (module
     docstring): no decoding.
@@ -104,6 +107,9 @@ def teacher_forced_sweep(
             every prompt).
         prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes).
         progress: a tqdm bar over (head set, trial) pairs.
+        on_resume: with ``out_dir``, called once before any work as
+            ``on_resume(n_reused, n_cells)``: how many recorded (head set, trial) cells
+            the run reuses.
 
     Returns:
         Tidy DataFrame, one row per (method, k, seed, metric): ``value`` is the mean
@@ -114,26 +120,40 @@ def teacher_forced_sweep(
     Raises:
         ValueError: unknown mode; a ``*_mean`` mode without ``means``; a malformed head
             set or k (as :func:`locos_tl.ablation_sweep`).
-        TrialError: a trial does not fit the model; an answer that tokenizes to nothing.
+        TrialError: no trial; a trial does not fit the model; an answer that tokenizes
+            to nothing.
+
+    Warns:
+        UserWarning: a head set lists fewer heads than a k (that k is skipped for it and
+            recorded as ``skipped_k`` in ``meta.json``, as :func:`locos_tl.ablation_sweep`
+            does).
         LocosError: ``out_dir`` holds a run with other settings or trials.
     """
     mode = check_mode(mode)
     if mode.endswith("_mean") and means is None:
         raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
     trials = as_trial_list(trials, "teacher_forced_sweep")
+    if not trials:
+        raise TrialError("teacher_forced_sweep() got no trial: pass a non-empty list")
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     ks = ([x for x in DEFAULT_KS if x <= L * H] if k is None
           else parse_ks(k, n_total=L * H, what="k"))
     seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
     jobs = build_jobs(head_sets, ks, n_layers=L, n_heads=H, seeds=seeds, random=random,
                       bottom=bottom)
+    made = {(j.method, j.k) for j in jobs}
+    skipped = {name: [x for x in ks if (name, x) not in made] for name in head_sets}
+    skipped = {name: v for name, v in skipped.items() if v}
+    if skipped:
+        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={v}: those k are "
+                                "skipped for it" for n, v in skipped.items()), stacklevel=2)
     names = {t.trial_id: answer_token_ids(model.tokenizer, t) for t in trials}
     longest = max((len(n) for ns in names.values() for n in ns), default=1)
     check_trials_fit(model, trials, longest)
     settings = {"model": model_name(model), "dtype": model_dtype(model), "mode": mode,
                 "means_hash": means_hash(means), "scoring": "teacher_forced",
                 "reuse_prefix": bool(reuse_prefix), "ks": sorted({int(x) for x in ks}),
-                "seeds": seeds, "n_trials": len(trials),
+                "seeds": seeds, "skipped_k": skipped, "n_trials": len(trials),
                 "trial_set_hash": trial_set_hash(trials),
                 "head_sets": {j.key: [list(h) for h in j.heads] for j in jobs}}
     store = (RecordStore(out_dir, settings, RESUME_KEYS, trial_field="trial")
@@ -150,6 +170,8 @@ def teacher_forced_sweep(
                 todo.setdefault(t.trial_id, []).append(key)
     if store is not None and (todo or not (store.dir / META_FILE).exists()):
         store.write_meta(provenance(model, settings))
+    if on_resume is not None and store is not None:
+        on_resume(len(records), len(sets) * len(trials))
     bar = tqdm(total=sum(map(len, todo.values())), desc=f"teacher-forced ({mode})",
                unit="cell", disable=not progress)
     for t in trials:
