@@ -41,8 +41,8 @@ def _grid(pub: Path, cell: str, ks: list[int]) -> tuple[dict, list[int], set[str
 
     jobs = [j for j in json.loads((pub / "ablate" / cell / "jobs.json").read_text())["jobs"]
             if j["k"] == 0 or j["k"] in ks]
-    methods = sorted({j["method"] for j in jobs} - {"baseline", "random"}
-                     - {m for m in {j["method"] for j in jobs} if m.endswith("_bottom")})
+    methods = sorted({j["method"] for j in jobs if j["method"] not in ("baseline", "random")
+                      and not j["method"].endswith("_bottom")})
     rankings = load_rankings(pub)
     seeds = sorted({int(j["seed"]) for j in jobs if j["method"] == "random"})
     return {m: rankings[m] for m in methods}, seeds, {j["heads_key"] for j in jobs}

@@ -67,6 +67,29 @@ def windowed(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def deep_windowed(tmp_path_factory):
+    """``get(arch)``: the float32 bridge of a 4-layer tiny checkpoint (seed 4) with the
+    short sliding windows of :data:`locos_tl.models.tiny.SHORT_WINDOWS`, built and
+    loaded once per session (layer-prefix reuse needs layers above and below the
+    ablated one)."""
+    from locos_tl import load_model
+    from locos_tl.models.tiny import SHORT_WINDOWS, byte_bpe_tokenizer, make_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("deep")
+    tok = byte_bpe_tokenizer()
+    cache: dict[str, object] = {}
+
+    def get(arch: str):
+        if arch not in cache:
+            d = make_tiny_checkpoint(arch, root / arch, seed=4, tokenizer=tok,
+                                     num_hidden_layers=4, **SHORT_WINDOWS[arch])
+            cache[arch] = load_model(d, device="cpu")
+        return cache[arch]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def qwen3(tiny_models):
     return tiny_models("qwen3")
 

@@ -35,20 +35,13 @@ HEAD_SETS = {"from1": [(1, 2), (3, 0)], "from2": [(2, 1), (2, 3)], "from3": [(3,
 
 
 @pytest.fixture(scope="module")
-def deep(tmp_path_factory):
+def deep(deep_windowed):
     """``get(arch)``: ``(bridge, means)`` of a 4-layer tiny checkpoint with short windows."""
-    from locos_tl import load_model
-    from locos_tl.models.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("deep")
-    tok = byte_bpe_tokenizer()
     cache: dict[str, tuple] = {}
 
     def get(arch: str):
         if arch not in cache:
-            d = make_tiny_checkpoint(arch, root / arch, seed=4, tokenizer=tok,
-                                     num_hidden_layers=4, **SHORT_WINDOWS[arch])
-            model = load_model(d, device="cpu")
+            model = deep_windowed(arch)
             means = calibrate_means(model, [PROMPT[0, :30].tolist(), list(range(7, 50))])
             cache[arch] = (model, means)
         return cache[arch]

@@ -30,19 +30,12 @@ CONTS = [[5, 9, 11], [17], [200, 3]]
 
 
 @pytest.fixture(scope="module")
-def deep(tmp_path_factory):
-    from locos_tl import load_model
-    from locos_tl.models.tiny import byte_bpe_tokenizer, make_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("tf")
-    tok = byte_bpe_tokenizer()
+def deep(deep_windowed):
     cache: dict[str, tuple] = {}
 
     def get(arch: str):
         if arch not in cache:
-            d = make_tiny_checkpoint(arch, root / arch, seed=4, tokenizer=tok,
-                                     num_hidden_layers=4, **SHORT_WINDOWS[arch])
-            model = load_model(d, device="cpu")
+            model = deep_windowed(arch)
             cache[arch] = (model, calibrate_means(model, [PROMPT[:30], list(range(7, 50))]))
         return cache[arch]
 

@@ -330,9 +330,8 @@ def greedy_decode(
     eng = step_engine(model, decode_engine, rows=on_step is not None)
 
     cache = None
-    if (prefix is not None and on_prompt_rows is None and prefill_mode == "auto"
-            and (chunk_size is None or chunk_size >= N - 1)):
-        cache = prefill_from(model, prefix, ids[:, :-1])
+    if prefix is not None and on_prompt_rows is None and prefill_mode == "auto":
+        cache = prefill_from(model, prefix, ids[:, :-1], chunk_size=chunk_size)
     # the prompt came from the prefix: steps that generate the unablated tokens can
     # start at the lowest ablated layer too (prefix.trace)
     follow = (cache is not None and prefix is not None and prefix.trace is not None

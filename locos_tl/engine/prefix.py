@@ -232,16 +232,20 @@ def prompt_prefix(model: Any, tokens: Sequence[int], head_sets: Sequence[Sequenc
 
 
 @torch.no_grad()
-def prefill_from(model: Any, prefix: PromptPrefix, tokens: Tensor) -> Any | None:
+def prefill_from(model: Any, prefix: PromptPrefix, tokens: Tensor, *,
+                 chunk_size: int | None = None) -> Any | None:
     """The KV cache :func:`locos_tl.engine.forward.prefill` gives ``tokens`` under the
     interventions open now, computed from their lowest layer up on ``prefix``.
 
     With no intervention open the cache is the prefix's own (a shallow copy). Returns
     None, and the caller prefills in full, when the reuse would not be exact or is not
-    possible: ``tokens`` differ from the prefix's, a hook the twin cannot run is
-    attached, or the lowest intervened layer's ``resid_pre`` was not kept.
+    possible: ``tokens`` differ from the prefix's, a ``chunk_size`` shorter than them
+    asks for a chunked prefill, a hook the twin cannot run is attached, or the lowest
+    intervened layer's ``resid_pre`` was not kept.
     """
     if tokens.shape != prefix.tokens.shape or not torch.equal(tokens, prefix.tokens):
+        return None
+    if chunk_size is not None and chunk_size < tokens.shape[1]:
         return None
     if engine(model) != "twin":
         return None

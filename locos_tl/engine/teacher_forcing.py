@@ -111,9 +111,8 @@ def continuation_logprobs(
     device = next(model.original_model.parameters()).device
     ids = ids.to(device)
     check_continuations(model, ids.shape[1], continuations)
-    cache = None
-    if prefix is not None and (chunk_size is None or chunk_size >= ids.shape[1] - 1):
-        cache = prefill_from(model, prefix, ids[:, :-1])
+    cache = (prefill_from(model, prefix, ids[:, :-1], chunk_size=chunk_size)
+             if prefix is not None else None)
     if cache is None:
         cache = prefill(model, ids[:, :-1], chunk_size=chunk_size)
     eng = step_engine(model, "auto", rows=False)

@@ -161,6 +161,54 @@ def build_jobs(
     return jobs
 
 
+def plan_grid(
+    model: Any,
+    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
+    k: int | Sequence[int] | None,
+    seeds: int | Sequence[int],
+    *,
+    random: bool = True,
+    bottom: str | None = "auto",
+) -> tuple[list[int], list[int], list[AblationJob], dict[str, list[int]]]:
+    """The checked grid of an ablation sweep (:func:`ablation_sweep`, and the
+    teacher-forced :func:`locos_tl.experiments.teacher_forced.teacher_forced_sweep`):
+    ``(ks, seeds, jobs, skipped_k)``. ``k=None`` is :data:`DEFAULT_KS` up to the
+    model's head count. Warns (``UserWarning``) when a head set lists fewer heads than
+    a k: that k is skipped for it (``skipped_k``).
+
+    Raises:
+        HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
+            malformed, repeated or out-of-range head; a k or seed that is not an integer
+            or out of range.
+        ValueError: a :class:`HeadScores` of another geometry than the model's, or with
+            no accepted trial; ``bottom`` names no :class:`HeadScores` entry.
+    """
+    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
+    _check_head_sets(head_sets)
+    if k is None:
+        ks = [x for x in DEFAULT_KS if x <= L * H]
+    else:
+        ks = parse_ks(k, n_total=L * H, what="k")
+    seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
+    jobs = build_jobs(head_sets, ks, n_layers=L, n_heads=H, seeds=seeds, random=random,
+                      bottom=bottom)
+    made = {(j.method, j.k) for j in jobs}
+    skipped = {name: [x for x in ks if (name, x) not in made] for name in head_sets}
+    skipped = {name: v for name, v in skipped.items() if v}
+    if skipped:
+        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={v}: those k are "
+                                "skipped for it" for n, v in skipped.items()), stacklevel=3)
+    for name, hs in head_sets.items():  # fail before any generation, not halfway through
+        if isinstance(hs, HeadScores):
+            if (hs.n_layers, hs.n_heads) != (L, H):
+                raise ValueError(f"head set {name!r} scores {hs.n_layers} layers x "
+                                 f"{hs.n_heads} heads; the model has {L} x {H}")
+            if hs.n_trials == 0:
+                raise ValueError(f"head set {name!r} has no accepted trial: its ranking is "
+                                 "all NaN")
+    return ks, seeds, jobs, skipped
+
+
 def ablation_sweep(
     model: Any,
     trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
@@ -296,28 +344,8 @@ def ablation_sweep(
     trials = as_trial_list(trials, "evaluate")
     check_trials_fit(model, trials, max_new_tokens)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    _check_head_sets(head_sets)
-    if k is None:
-        k = [x for x in DEFAULT_KS if x <= L * H]
-    else:
-        k = parse_ks(k, n_total=L * H, what="k")
-    seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
-    jobs = build_jobs(head_sets, k, n_layers=L, n_heads=H, seeds=seeds, random=random,
-                      bottom=bottom)
-    made = {(j.method, j.k) for j in jobs}
-    skipped = {name: [x for x in k if (name, x) not in made] for name in head_sets}
-    skipped = {name: ks for name, ks in skipped.items() if ks}
-    if skipped:
-        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={ks}: those k are "
-                                "skipped for it" for n, ks in skipped.items()), stacklevel=2)
-    for name, hs in head_sets.items():  # fail before any generation, not halfway through
-        if isinstance(hs, HeadScores):
-            if (hs.n_layers, hs.n_heads) != (L, H):
-                raise ValueError(f"head set {name!r} scores {hs.n_layers} layers x "
-                                 f"{hs.n_heads} heads; the model has {L} x {H}")
-            if hs.n_trials == 0:
-                raise ValueError(f"head set {name!r} has no accepted trial: its ranking is "
-                                 "all NaN")
+    k, seeds, jobs, skipped = plan_grid(model, head_sets, k, seeds, random=random,
+                                        bottom=bottom)
     settings = {
         "model": model_name(model), "dtype": model_dtype(model), "mode": mode,
         "means_hash": means_hash(means),

@@ -22,7 +22,6 @@ Runs are resumable: one JSON line per (head set, trial) in ``out_dir/trials.json
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -34,10 +33,10 @@ from locos_tl.engine.ablation import AblationMeans, AblationMode, ablate, check_
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
 from locos_tl.engine.teacher_forcing import continuation_logprobs
 from locos_tl.errors import TrialError
-from locos_tl.experiments.evaluate import DEFAULT_KS, build_jobs, means_hash
+from locos_tl.experiments.evaluate import means_hash, plan_grid
 from locos_tl.experiments.margin import margin_of_logprobs, name_prefix, name_token_ids
 from locos_tl.experiments.score import check_trials_fit
-from locos_tl.head_spec import HeadLike, as_int, parse_ks
+from locos_tl.head_spec import HeadLike
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_name
 from locos_tl.runs.provenance import provenance
@@ -119,7 +118,9 @@ def teacher_forced_sweep(
 
     Raises:
         ValueError: unknown mode; a ``*_mean`` mode without ``means``; a malformed head
-            set or k (as :func:`locos_tl.ablation_sweep`).
+            set or k, or a ranking of another model or with no accepted trial
+            (:func:`locos_tl.experiments.evaluate.plan_grid`, as
+            :func:`locos_tl.ablation_sweep`).
         TrialError: no trial; a trial does not fit the model; an answer that tokenizes
             to nothing.
 
@@ -135,18 +136,8 @@ def teacher_forced_sweep(
     trials = as_trial_list(trials, "teacher_forced_sweep")
     if not trials:
         raise TrialError("teacher_forced_sweep() got no trial: pass a non-empty list")
-    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    ks = ([x for x in DEFAULT_KS if x <= L * H] if k is None
-          else parse_ks(k, n_total=L * H, what="k"))
-    seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
-    jobs = build_jobs(head_sets, ks, n_layers=L, n_heads=H, seeds=seeds, random=random,
-                      bottom=bottom)
-    made = {(j.method, j.k) for j in jobs}
-    skipped = {name: [x for x in ks if (name, x) not in made] for name in head_sets}
-    skipped = {name: v for name, v in skipped.items() if v}
-    if skipped:
-        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={v}: those k are "
-                                "skipped for it" for n, v in skipped.items()), stacklevel=2)
+    ks, seeds, jobs, skipped = plan_grid(model, head_sets, k, seeds, random=random,
+                                         bottom=bottom)
     names = {t.trial_id: answer_token_ids(model.tokenizer, t) for t in trials}
     longest = max((len(n) for ns in names.values() for n in ns), default=1)
     check_trials_fit(model, trials, longest)
