@@ -1,4 +1,4 @@
-"""Speed and memory on a real model: SmolLM2-135M-Instruct at 1k and 2k tokens (issue 18).
+"""Speed and memory on a real model: SmolLM2-135M-Instruct at 1k and 2k tokens.
 
 Four ways to do the work of one trial, each measured in a fresh process:
 
@@ -9,7 +9,7 @@ Four ways to do the work of one trial, each measured in a fresh process:
   generated token with ``output_attentions=True``; phi per layer from the full attention
   rows, the KV cache's values, ``W_O`` and the ``lm_head`` row of the token);
 - ``score``: ``locos_tl.score_trials`` (LOCOS, raw variant);
-- ``ablated``: ``lt.evaluate``-style greedy decoding under
+- ``ablated``: ``lt.ablation_sweep``-style greedy decoding under
   ``lt.ablate(model, heads, "query_mean", means=...)`` (20 random heads, means calibrated
   once on 8 book passages of 512 tokens).
 
@@ -65,7 +65,7 @@ Usage::
     python benchmarks/bench_real.py --diagnose
 
 Needs the model fetched (``locos models fetch smollm2-135m-instruct``) and the book text
-in ``../shared/data``.
+shipped with locos_tl (``locos_tl/data``).
 """
 
 from __future__ import annotations
@@ -81,31 +81,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-DATA = ROOT.parent / "shared" / "data"
-MODEL = "smollm2-135m-instruct"
+from bench_real_common import MODEL, ROOT, WARM_TOKENS, _reset_peak, _status
+
 MODES = ("hf_generate", "authors", "score", "ablated")
 FIG = ROOT / "docs" / "img" / "bench_real_smollm2"
 N_HEADS_ABLATED = 20
-WARM_TOKENS = 64
 
 
-# ------------------------------------------------------------------ process memory
-def _status(key: str) -> float:
-    """``VmRSS`` / ``VmHWM`` of this process in MB."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"{key} not in /proc/self/status (this benchmark needs Linux)")
-
-
-def _reset_peak() -> None:
-    """Reset ``VmHWM`` to the current resident set (Linux >= 4.0)."""
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-
-
+# ------------------------------------------------------------------------ imports
 def _common_imports() -> None:
     """The modules every child imports before its memory baseline."""
     import pandas  # noqa: F401
@@ -209,8 +192,10 @@ def make_setup(out: Path, lengths: list[int], max_new: int) -> dict[str, Any]:
 
     out.mkdir(parents=True, exist_ok=True)
     model = lt.load_model(MODEL, device="cpu")
-    hay = lt.load_haystacks([DATA / "haystack" / "dracula_part1.txt"])
-    probes = lt.load_niah_probes(DATA / "niah_needles.jsonl")
+    from locos_tl.data.packaged import book_path, niah_probes_path
+
+    hay = lt.load_haystacks([book_path("dracula_part1")])
+    probes = lt.load_niah_probes(niah_probes_path())
     trials, n_new = {}, {}
     for n in lengths:
         tr = lt.build_niah_trials(model.tokenizer, probes[:1], hay, lengths=[n], depths=[50],
@@ -221,7 +206,7 @@ def make_setup(out: Path, lengths: list[int], max_new: int) -> dict[str, Any]:
         lt.score_trials(model, [tr], max_new_tokens=max_new, progress=False, out_dir=run_dir)
         rec = json.loads((run_dir / "trials.jsonl").read_text().splitlines()[0])
         n_new[str(n)] = len(rec["generated"])
-    book = (DATA / "haystack" / "mohicans_part1.txt").read_text(encoding="utf-8")
+    book = book_path("mohicans_part1").read_text(encoding="utf-8")
     ids = model.tokenizer(book, add_special_tokens=False)["input_ids"]
     prompts = [ids[i * 512:(i + 1) * 512] for i in range(8)]
     means = lt.calibrate_means(model, prompts, max_tokens=512)

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench_real import WARM_TOKENS, _status, _reset_peak, MODEL
+from bench_real_common import MODEL, WARM_TOKENS, _reset_peak, _status
 
 
 def diagnose_child(setup_path: str) -> None:

@@ -2,7 +2,7 @@
 
 Builds ``--n`` (default 250) trials at ``--length`` (default 4096) tokens, depths
 ``linspace(0, 100, 10)``, from an invented needle set in the NoLiMa format and the
-books in ``../shared/data/haystack``, then checks every prompt length and needle span.
+books shipped in ``locos_tl/data/books``, then checks every prompt length and needle span.
 Target (issue 3): under 30 s for 250 trials at 4k tokens.
 
 The tokenizer is ``--tokenizer DIR`` (a local folder with tokenizer files, e.g. a
@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
-
-SHARED = Path(__file__).resolve().parents[1] / ".." / "shared" / "data" / "haystack"
 
 ENTRIES = [
     {
@@ -86,10 +84,11 @@ def main() -> None:
         parse_needle_set,
     )
     from locos_tl.data.hub import load_tokenizer
+    from locos_tl.data.packaged import book_dir
 
-    books = sorted(SHARED.glob("*.txt"))
+    books = sorted(book_dir().glob("*.txt"))
     if not books:
-        raise SystemExit(f"no books under {SHARED}")
+        raise SystemExit(f"no books under {book_dir()}")
     t0 = time.perf_counter()
     tok = load_tokenizer(args.tokenizer) if args.tokenizer else _train_tokenizer(books, args.vocab)
     t_tok = time.perf_counter() - t0

@@ -27,7 +27,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2-135m-nolima,smollm2-135m-instruct")
-    ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument("--data-dir", default=None,
+                    help="folder with haystack/*.txt (default: the books shipped with locos_tl)")
     ap.add_argument("--n", type=int, default=100,
                     help="trials of the 1000-token, one-distractor cells")
     ap.add_argument("--n-extra", type=int, default=50,
@@ -37,7 +38,9 @@ def main() -> None:
     ap.add_argument("--publish", default=None, help="copy targets.csv here")
     args = ap.parse_args()
 
-    books = Path(args.data_dir) / "haystack"
+    from locos_tl.data.packaged import resolve_data_dir
+
+    books, _ = resolve_data_dir(args.data_dir)
     hay = lt.load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
     entries = lt.load_needle_set("everyday")
     n = {c: args.n if (c[1], c[2]) == (1000, 1) and c[0] != "made_up" else args.n_extra

@@ -28,13 +28,16 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="smollm2-135m-nolima,smollm2-135m-instruct")
-    ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument("--data-dir", default=None,
+                    help="folder with haystack/*.txt (default: the books shipped with locos_tl)")
     ap.add_argument("--n", type=int, default=150, help="trials per model")
     ap.add_argument("--out", default="runs/made_up_control")
     ap.add_argument("--csv", default=None, help="also write the table here")
     args = ap.parse_args()
 
-    books = Path(args.data_dir) / "haystack"
+    from locos_tl.data.packaged import resolve_data_dir
+
+    books, _ = resolve_data_dir(args.data_dir)
     hay = lt.load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
     entries = lt.load_needle_set("everyday")
     rows = []

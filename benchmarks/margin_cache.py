@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from pathlib import Path
 
 
 def main() -> None:
@@ -31,7 +30,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
-    ap.add_argument("--data-dir", default="../shared/data")
+    ap.add_argument("--data-dir", default=None,
+                    help="folder with haystack/*.txt (default: the books shipped with locos_tl)")
     ap.add_argument("--n", type=int, default=8, help="trials")
     ap.add_argument("--length", type=int, default=1000)
     ap.add_argument("--distractors", type=int, default=1)
@@ -40,7 +40,9 @@ def main() -> None:
     args = ap.parse_args()
 
     model = lt.load_model(args.model, device="cpu", dtype=args.dtype)
-    books = Path(args.data_dir) / "haystack"
+    from locos_tl.data.packaged import resolve_data_dir
+
+    books, _ = resolve_data_dir(args.data_dir)
     hay = lt.load_haystacks([books / "mohicans_part1.txt"])
     items = lt.expand_needle_set(lt.load_needle_set("everyday"), ["onehop"])
     trials = lt.build_nolima_trials(model.tokenizer, items, hay, lengths=[args.length],

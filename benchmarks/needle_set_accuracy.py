@@ -20,11 +20,11 @@ The committed tables (``docs/real_models/needle_set_accuracy_*.csv``) were made 
     # written, one test per entry and question type; the wording was tuned on these only
     # final (other haystack and names, no tuning after it)
     python benchmarks/needle_set_accuracy.py --model smollm2-135m-instruct \\
-        --haystack ../shared/data/haystack/mohicans_part1.txt --haystack-index 1 \\
+        --haystack locos_tl/data/books/mohicans_part1.txt --haystack-index 1 \\
         --depths 10,50,90 --rotate-depths --out runs/needles/smollm2_final.csv \\
         --table docs/real_models/needle_set_accuracy_smollm2.csv
     python benchmarks/needle_set_accuracy.py --model gemma-3-270m --template completion \\
-        --no-chat-template --haystack ../shared/data/haystack/mohicans_part1.txt \\
+        --no-chat-template --haystack locos_tl/data/books/mohicans_part1.txt \\
         --haystack-index 1 --depths 10,50,90 --rotate-depths \\
         --out runs/needles/gemma3_final.csv \\
         --table docs/real_models/needle_set_accuracy_gemma3.csv

@@ -12,10 +12,9 @@ This keeps ``locos --help`` fast.
 
 In a Jupyter kernel, importing locos_tl before torch sets ``GOMP_SPINCOUNT=3000``
 (unless ``GOMP_SPINCOUNT`` or ``OMP_WAIT_POLICY`` is set): torch's OpenMP worker threads
-then spin 100x shorter before sleeping between parallel regions. Spinning workers made a
-kernel 14x slower beside one busy core (notebook 04 on a 2-core CPU: 10.7 s idle, 146 s
-beside ``yes``; with the shorter spin 11.6 s idle and 13.7 s beside it). A plain script
-is left as it is (1.8x beside a busy core without the change).
+then spin 100x shorter before sleeping between parallel regions, which keeps a kernel
+from slowing down many times beside a busy core. A plain script is left as it is. The
+measurements: docs/benchmarks.md, "Jupyter beside a busy core".
 """
 
 from __future__ import annotations
@@ -88,7 +87,8 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "TrialError": ("locos_tl.errors", "TrialError"),
 }
 
-#: renamed public names: old name -> new name (the old one still works, and warns)
+#: renamed public names: old name -> new name (the old one still works, and warns; it
+#: is left out of ``__all__``, so ``from locos_tl import *`` and the docs skip it)
 _DEPRECATED: dict[str, str] = {"evaluate": "ablation_sweep"}
 
 __all__ = [
@@ -109,7 +109,6 @@ __all__ = [
     "DecodeStep",
     "DETECTORS",
     "dissociation_score",
-    "evaluate",
     "expand_needle_set",
     "get_detector",
     "greedy_decode",
@@ -160,11 +159,11 @@ def __getattr__(name: str) -> Any:
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)
     if name in _DEPRECATED:  # warn on every use: never cached
-        import warnings
+        from locos_tl.errors import warn_caller
 
-        warnings.warn(f"locos_tl.{name} is renamed locos_tl.{_DEPRECATED[name]}; the old "
-                      "name still works and will be removed in a later release",
-                      DeprecationWarning, stacklevel=2)
+        warn_caller(f"locos_tl.{name} is renamed locos_tl.{_DEPRECATED[name]}; the old "
+                    "name still works and will be removed in a later release",
+                    DeprecationWarning)
         return value
     globals()[name] = value  # later lookups skip __getattr__
     return value
@@ -201,7 +200,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     )
     from locos_tl.experiments.compare import compare_rankings
     from locos_tl.experiments.compress import compression_sweep, kv_budgets
-    from locos_tl.experiments.evaluate import ablation_sweep, dissociation_score, evaluate
+    from locos_tl.experiments.evaluate import ablation_sweep, dissociation_score
+    from locos_tl.experiments.evaluate import evaluate as evaluate  # the renamed alias
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
     from locos_tl.experiments.run_table import load_evaluation
     from locos_tl.experiments.score import score_methods, score_trials

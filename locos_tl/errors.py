@@ -1,4 +1,21 @@
-"""Exceptions raised by locos_tl. All derive from :class:`LocosError`."""
+"""Exceptions raised by locos_tl (all derive from :class:`LocosError`), and
+:func:`warn_caller`, which attributes the package's warnings to the caller's line.
+
+A fixed ``stacklevel`` names the wrong line as soon as a public function reaches a
+warning through another one (``score_trials`` -> ``score_methods`` -> the warning) or a
+runtime type checker wraps the package's functions (jaxtyping's import hook, as the
+test suite runs it). Python's default filters show a ``DeprecationWarning`` only when it
+is attributed to ``__main__``, so a warning one frame too deep is never seen.
+:func:`warn_caller` counts the frames itself (what Python 3.12's ``skip_file_prefixes``
+does, for 3.11 too).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from types import FrameType
 
 
 class LocosError(Exception):
@@ -13,6 +30,12 @@ class TrialError(LocosError, ValueError):
 class ModelLoadError(LocosError, ValueError):
     """A model could not be loaded: unknown name, missing directory, or an
     architecture TransformerLens cannot bridge."""
+
+
+class CachePermissionError(ModelLoadError):
+    """A file of the model cache (``$LOCOS_CACHE``) belongs to another user and this one
+    may not read it (or write its lock file). The entry is not damaged: the message names
+    the file, its owner and how to share it."""
 
 
 class DataFormatError(LocosError, ValueError):
@@ -31,3 +54,38 @@ class NoAcceptedTrialError(LocosError, ValueError):
 class HeadSpecError(LocosError, ValueError):
     """An argument naming attention heads (or a head count ``k``) is malformed or outside
     the model; see :mod:`locos_tl.head_spec` for the accepted forms."""
+
+
+# -- warnings at the caller's line ----------------------------------------------------
+
+_PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# runtime type-checking wrappers that sit between a package function and its caller
+_WRAPPERS = (f"{os.sep}jaxtyping{os.sep}", f"{os.sep}beartype{os.sep}")
+
+
+def _internal(filename: str) -> bool:
+    """A frame of locos_tl or of a type-checking wrapper around one of its functions."""
+    return (os.path.abspath(filename).startswith(_PACKAGE) if not filename.startswith("<")
+            else filename.startswith("<@beartype")) or any(w in filename for w in _WRAPPERS)
+
+
+def _import_machinery(frame: FrameType) -> bool:
+    """A frame ``warnings`` skips when it counts ``stacklevel`` (importlib's bootstrap,
+    say a ``from locos_tl import name`` reaching the module's ``__getattr__``)."""
+    name = frame.f_code.co_filename
+    return "importlib" in name and "_bootstrap" in name
+
+
+def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warnings.warn(message, category)`` attributed to the first frame outside
+    locos_tl (the user's call of the public function)."""
+    frame: FrameType | None = sys._getframe(0)  # this function: level 1 of the count
+    level = 1
+    while frame is not None and _internal(frame.f_code.co_filename):
+        back = frame.f_back
+        while back is not None and _import_machinery(back):
+            back = back.f_back
+        if back is None:  # nothing outside locos_tl: its outermost frame
+            break
+        frame, level = back, level + 1
+    warnings.warn(message, category, stacklevel=level)

@@ -24,13 +24,23 @@ needle one position apart. :func:`checkpoint_tokenizer` undoes the bridge's chan
 :func:`encode_prompt` applies the rule; ``Trial.from_text``, ``load_trials`` (text
 records), the NoLiMa/NIAH builders (``PromptBuilder``), ``calibrate_means`` and
 ``corrupt_tokens`` all go through it.
+
+Token ids mean something only with the tokenizer that made them.
+:func:`tokenizer_fingerprint` hashes a tokenizer's vocabulary and special tokens; every
+trial records the fingerprint of its tokenizer (``Trial.tokenizer_fingerprint``), and
+runs refuse trials whose fingerprint is not the model's
+(:func:`locos_tl.trials.check_trials_tokenizer`).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import warnings
 import weakref
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Literal, get_args
 
 from locos_tl.errors import TrialError
@@ -197,3 +207,137 @@ def check_no_bos(tokenizer: Any, ids: Sequence[int], *, start: int = 1,
         if int(ids[i]) == bid:
             raise TrialError(f"the {what} holds the BOS token (id {bid}) at position {i}; "
                              "BOS may only be at position 0 of a prompt")
+
+
+# ------------------------------------------------------------------ tokenizer identity
+#: What a fingerprint hashes; a change of the recipe changes this tag (and every
+#: fingerprint with it).
+FINGERPRINT_SCHEME = "locos-tokenizer-fingerprint/1"
+#: The special tokens a fingerprint records, by role.
+SPECIAL_ROLES: tuple[str, ...] = ("bos", "eos", "pad", "unk")
+
+_FINGERPRINTS: weakref.WeakKeyDictionary[Any, tuple[Any, str]] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class TokenizerIdentity:
+    """Which tokenizer made a sequence of token ids.
+
+    Attributes:
+        fingerprint: :func:`tokenizer_fingerprint` (16 hex digits): equal fingerprints
+            mean the same ids stand for the same tokens.
+        name: a human name for messages (:func:`tokenizer_name`); not compared.
+    """
+
+    fingerprint: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.name!r} (tokenizer fingerprint {self.fingerprint})"
+
+
+def _special_tokens(tok: Any) -> dict[str, list[Any]]:
+    """Role -> ``[token string or None, id or None]`` for :data:`SPECIAL_ROLES`."""
+    out: dict[str, list[Any]] = {}
+    for role in SPECIAL_ROLES:
+        s = getattr(tok, f"{role}_token", None)
+        i = getattr(tok, f"{role}_token_id", None)
+        out[role] = [None if s is None else str(s), None if i is None else int(i)]
+    return out
+
+
+def tokenizer_fingerprint(tokenizer: Any) -> str:
+    """A short stable hash of a tokenizer's vocabulary and special tokens.
+
+    SHA-256 over canonical JSON (sorted keys, ASCII escapes) of :data:`FINGERPRINT_SCHEME`,
+    every ``(token, id)`` pair of ``get_vocab()`` (added tokens included), sorted by id
+    then token, and the string and id of the ``bos``, ``eos``, ``pad`` and ``unk``
+    tokens (``None`` where unset). No Python ``hash()``: the same tokenizer files give
+    the same fingerprint in every process, machine and transformers version that reads
+    them alike. The checkpoint's own tokenizer is hashed
+    (:func:`checkpoint_tokenizer`): a TransformerBridge's tokenizer, which sets a
+    missing BOS or pad token to the EOS, has the fingerprint of its checkpoint's.
+
+    Args:
+        tokenizer: a Hugging Face tokenizer, or an object with a ``.tokenizer``
+            (TransformerBridge).
+
+    Returns:
+        16 lowercase hex digits, e.g. ``"3c0f6f1e0a7b95d2"``.
+
+    Raises:
+        TypeError: ``tokenizer`` has no ``get_vocab()`` (not a tokenizer; a model
+            without a tokenizer).
+    """
+    tok = checkpoint_tokenizer(tokenizer)
+    if not callable(getattr(tok, "get_vocab", None)):
+        raise TypeError(f"cannot fingerprint a {type(tok).__name__}: it is not a tokenizer "
+                        "(no get_vocab()); pass a Hugging Face tokenizer or a model with "
+                        "a .tokenizer")
+    special = _special_tokens(tok)
+    try:  # a tokenizer that grew (add_tokens) or changed a special token is rehashed
+        state = (len(tok), json.dumps(special, sort_keys=True))
+    except TypeError:
+        state = None
+    try:
+        cached = _FINGERPRINTS.get(tok)
+    except TypeError:  # not weak-referenceable
+        cached = None
+    if cached is not None and state is not None and cached[0] == state:
+        return cached[1]
+    vocab = sorted(([str(t), int(i)] for t, i in tok.get_vocab().items()),
+                   key=lambda p: (p[1], p[0]))
+    payload = {"scheme": FINGERPRINT_SCHEME, "vocab": vocab, "special": special}
+    blob = json.dumps(payload, sort_keys=True, ensure_ascii=True, separators=(",", ":"))
+    fp = hashlib.sha256(blob.encode("ascii")).hexdigest()[:16]
+    try:
+        _FINGERPRINTS[tok] = (state, fp)
+    except TypeError:
+        pass
+    return fp
+
+
+def tokenizer_name(tokenizer: Any) -> str:
+    """A human name of a tokenizer, for messages: the registry name of a prepared GGUF
+    or elicited folder (``"smollm2-135m-instruct"``; its ``gguf_source.json``), else its
+    ``name_or_path`` (hub id or folder), else ``"an unnamed tokenizer of N tokens"``."""
+    tok = checkpoint_tokenizer(tokenizer)
+    name = str(getattr(tok, "name_or_path", "") or "")
+    if name:
+        source = Path(name) / "gguf_source.json"
+        try:
+            if source.is_file():
+                info = json.loads(source.read_text())
+                return str(info.get("registry_name") or info.get("elicited")
+                           or info.get("file_name") or name)
+        except (OSError, ValueError):
+            pass
+        return name
+    try:
+        return f"an unnamed tokenizer of {len(tok)} tokens"
+    except TypeError:
+        return "an unnamed tokenizer"
+
+
+def tokenizer_identity(tokenizer: Any) -> TokenizerIdentity:
+    """:func:`tokenizer_fingerprint` and :func:`tokenizer_name` of ``tokenizer``.
+
+    Raises:
+        TypeError: not a tokenizer (see :func:`tokenizer_fingerprint`).
+    """
+    return TokenizerIdentity(tokenizer_fingerprint(tokenizer), tokenizer_name(tokenizer))
+
+
+def model_tokenizer_identity(model: Any) -> TokenizerIdentity | None:
+    """The identity of ``model``'s tokenizer, or None when it has none.
+
+    A stand-in for a model (the distributed driver's, which holds no weights) can carry
+    the identity itself as a ``tokenizer_identity`` attribute.
+    """
+    given = getattr(model, "tokenizer_identity", None)
+    if isinstance(given, TokenizerIdentity):
+        return given
+    tok = getattr(model, "tokenizer", None)
+    if tok is None or not callable(getattr(tok, "get_vocab", None)):
+        return None
+    return tokenizer_identity(tok)

@@ -3,6 +3,11 @@
 A :class:`Trial` is the unit every scorer, ablation sweep and patching run consumes
 (Gema, Alex & Minervini 2026, arXiv 2607.01002, Sec. 3: "a prompt of N tokens that
 contains a needle span [s, e) and a gold answer").
+
+Token ids only mean something with the tokenizer that made them: a trial records that
+tokenizer's fingerprint (:func:`locos_tl.tokenize.tokenizer_fingerprint`) and name, and
+:func:`check_trials_tokenizer` refuses to run trials on a model whose tokenizer has
+another fingerprint (organism trials on SmolLM2, say) before any forward pass.
 """
 
 from __future__ import annotations
@@ -11,12 +16,16 @@ import hashlib
 import json
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from locos_tl.errors import TrialError
+from locos_tl.errors import TrialError, warn_caller
 from locos_tl.head_spec import as_int
+
+#: trial ids already warned about for lacking a tokenizer fingerprint (one warning per
+#: trial: at load_trials, or at the first run that checks it)
+_UNCHECKED_WARNED: set[str] = set()
 
 
 @dataclass(frozen=True)
@@ -40,6 +49,14 @@ class Trial:
             Detectors read the span they declare (``Detector.span``): the Wu copy score
             and HeadKV the answer span, LOCOS, attention-spatial, DLA and the HeadKV
             anchor variant the needle span (docs/concepts.md, protocol table).
+        tokenizer_fingerprint: :func:`locos_tl.tokenize.tokenizer_fingerprint` of the
+            tokenizer whose ids ``tokens`` are (16 hex digits), or ``""`` when unknown
+            (trials written before locos_tl recorded it, ``Trial(tokens=...)`` built by
+            hand: see :meth:`with_tokenizer`). Runs refuse a trial whose fingerprint
+            differs from the model's tokenizer's (:func:`check_trials_tokenizer`). Not
+            part of :attr:`trial_id`.
+        tokenizer_name: that tokenizer's name, for messages (``name_or_path``, a
+            registry name, or the organism vocabulary's name); not compared by ``==``.
 
     Raises:
         TrialError: on ``tokens`` that are not a sequence of non-negative integer ids
@@ -48,7 +65,8 @@ class Trial:
             answer, an empty prompt, or a needle span that is
             empty, outside the prompt or covering the whole prompt (no off-needle
             position is left for the contrast of arXiv 2607.01002 Eq. 3); an answer
-            span that is empty or outside the prompt.
+            span that is empty or outside the prompt; a tokenizer fingerprint or
+            name that is not a string.
     """
 
     # tokens and spans are annotated Any so that a wrong type (None, a str, floats, a
@@ -60,8 +78,18 @@ class Trial:
     meta: dict[str, Any] = field(default_factory=dict)
     trial_id: str = ""
     answer_span: Any = None  # Sequence[int] | None; stored as a (a, b) tuple or None
+    # str (annotated Any, as tokens: a wrong type reaches __post_init__'s TrialError)
+    tokenizer_fingerprint: Any = ""
+    tokenizer_name: Any = field(default="", compare=False)  # a label: not compared
 
     def __post_init__(self) -> None:
+        for attr in ("tokenizer_fingerprint", "tokenizer_name"):
+            v = getattr(self, attr)
+            if v is None:
+                object.__setattr__(self, attr, "")
+            elif not isinstance(v, str):
+                raise TrialError(f"Trial.{attr} must be a str, got {type(v).__name__} {v!r}"
+                                 [:200])
         object.__setattr__(self, "tokens", as_token_ids(self.tokens, "Trial.tokens"))
         if not self.tokens:
             raise TrialError("trial has an empty prompt (no tokens): Trial.tokens is empty")
@@ -105,11 +133,41 @@ class Trial:
             return (self.answer_span or self.needle_span)  # type: ignore[return-value]
         raise ValueError(f"unknown span {which!r}; use 'needle' or 'answer'")
 
+    def with_tokenizer(self, tokenizer: Any) -> Trial:
+        """This trial marked as tokenized by ``tokenizer`` (a copy; same :attr:`trial_id`).
+
+        For trials built by hand from ids (``Trial(tokens=model.to_tokens(...))``) or
+        read from a file written before trials carried a fingerprint, when you know which
+        tokenizer made them: runs then check it against the model's.
+
+        Args:
+            tokenizer: a Hugging Face tokenizer, a TransformerBridge (its tokenizer), or a
+                :class:`~locos_tl.tokenize.TokenizerIdentity`.
+
+        Raises:
+            TrialError: a token id is not in ``tokenizer``'s vocabulary.
+            TypeError: ``tokenizer`` is not a tokenizer.
+        """
+        from locos_tl.tokenize import TokenizerIdentity, checkpoint_tokenizer, tokenizer_identity
+
+        if isinstance(tokenizer, TokenizerIdentity):
+            ident = tokenizer
+        else:
+            ident = tokenizer_identity(tokenizer)
+            size = len(checkpoint_tokenizer(tokenizer))
+            if max(self.tokens) >= size:
+                raise TrialError(f"trial {self.trial_id}: token id {max(self.tokens)} is not "
+                                 f"in the vocabulary of {ident} ({size} tokens)")
+        return replace(self, tokenizer_fingerprint=ident.fingerprint,
+                       tokenizer_name=ident.name)
+
     def content_hash(self) -> str:
         """Short SHA-256 of tokens, span(s) and answer (identifies a trial across runs).
 
-        The answer span enters only when it differs from the needle span, so trials
-        without one (and legacy NIAH trials, see :meth:`from_dict`) keep their ids."""
+        The tokenizer fingerprint does not enter: trials written before it was recorded
+        keep their ids, and runs over them resume. The answer span enters only when it
+        differs from the needle span, so trials without one (and legacy NIAH trials, see
+        :meth:`from_dict`) keep their ids."""
         h = hashlib.sha256()
         parts: list[Any] = [list(self.tokens), list(self.needle_span), self.answer]
         if self.answer_span is not None and tuple(self.answer_span) != tuple(self.needle_span):
@@ -133,7 +191,9 @@ class Trial:
         ``real_needle`` tokens as its needle span: that span becomes the answer span
         too, and a ``UserWarning`` says that LOCOS, attention-spatial and DLA then read
         the ``real_needle`` part instead of the whole needle (rebuild the trials with
-        ``locos build-trials niah`` for the published spans).
+        ``locos build-trials niah`` for the published spans). A record without
+        ``tokenizer_fingerprint`` (written before trials carried one) loads with an empty
+        one; :func:`load_trials` warns about it.
 
         Raises:
             TrialError: a required field is missing or a span is invalid.
@@ -159,6 +219,8 @@ class Trial:
             meta=meta,
             trial_id=d.get("trial_id", ""),
             answer_span=None if answer_span is None else tuple(answer_span),
+            tokenizer_fingerprint=d.get("tokenizer_fingerprint") or "",
+            tokenizer_name=d.get("tokenizer_name") or "",
         )
 
     @classmethod
@@ -178,11 +240,12 @@ class Trial:
         The prompt is tokenized by :func:`locos_tl.tokenize.encode_prompt`: the
         checkpoint's own tokenizer, BOS exactly once and only at position 0 (none for
         checkpoints whose tokenizer adds none; no second one when ``prompt`` was
-        rendered with a chat template that writes it). A bridge's tokenizer and the
-        checkpoint directory's give the same tokens and span. The span is found from
-        the character offsets: the needle's first occurrence in ``prompt`` must start
-        and end on token boundaries (a leading or trailing space that a token absorbs
-        is allowed).
+        rendered with a chat template that writes it). The trial records that
+        tokenizer's fingerprint and name (:attr:`tokenizer_fingerprint`). A bridge's
+        tokenizer and the checkpoint directory's give the same tokens, span and
+        fingerprint. The span is found from the character offsets: the needle's first
+        occurrence in ``prompt`` must start and end on token boundaries (a leading or
+        trailing space that a token absorbs is allowed).
 
         Args:
             tokenizer: a Hugging Face fast tokenizer (``return_offsets_mapping``) or a
@@ -200,7 +263,7 @@ class Trial:
                 (the message names the characters); empty answer; prompt longer than
                 ``n_ctx``; a BOS inside the prompt after position 0.
         """
-        from locos_tl.tokenize import encode_prompt
+        from locos_tl.tokenize import encode_prompt, tokenizer_identity
 
         if not answer or not answer.strip():
             raise TrialError("empty gold answer")
@@ -217,8 +280,10 @@ class Trial:
                 f"prompt has {len(ids)} tokens, longer than the model's context n_ctx={n_ctx}"
             )
         s, e = span_from_offsets(offsets, start, end, prompt)
+        ident = tokenizer_identity(tokenizer)
         return cls(tokens=tuple(ids), needle_span=(s, e), answer=answer, prompt=prompt,
-                   meta=dict(meta or {}))
+                   meta=dict(meta or {}), tokenizer_fingerprint=ident.fingerprint,
+                   tokenizer_name=ident.name)
 
 
 def as_token_ids(tokens: Any, what: str) -> tuple[int, ...]:
@@ -339,7 +404,8 @@ def span_from_offsets(
 
 
 def save_trials(trials: Iterable[Trial], path: str | Path) -> Path:
-    """Write trials as JSON lines (one :meth:`Trial.to_dict` per line)."""
+    """Write trials as JSON lines (one :meth:`Trial.to_dict` per line, with the
+    ``tokenizer_fingerprint`` and ``tokenizer_name`` of each trial)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w") as f:
@@ -359,17 +425,30 @@ def load_trials(
     :func:`locos_tl.tokenize.encode_prompt`: a prompt already rendered with a chat
     template that writes the BOS gets no second one).
 
+    Token records carry the fingerprint of the tokenizer that built them
+    (:attr:`Trial.tokenizer_fingerprint`); with ``tokenizer`` given, a record made by
+    another tokenizer is refused here. A file written before trials carried a
+    fingerprint loads, with one ``UserWarning`` naming the file (its trials are not
+    warned about again when they run).
+
     Raises:
         TrialError: malformed line (names the line number), a text record without a
             tokenizer, or (with a tokenizer) a token record holding the checkpoint's BOS
-            after position 0.
+            after position 0 or built by another tokenizer (the message names both).
     """
-    from locos_tl.tokenize import check_no_bos
+    from locos_tl.tokenize import check_no_bos, tokenizer_identity
 
     path = Path(path)
     if not path.exists():
         raise TrialError(f"trials file {path} does not exist")
     out: list[Trial] = []
+    own = None
+    if tokenizer is not None:
+        try:
+            own = tokenizer_identity(tokenizer)
+        except TypeError:  # no vocabulary to fingerprint: nothing to compare with
+            own = None
+    unchecked: list[str] = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
@@ -384,6 +463,10 @@ def load_trials(
                     raise TrialError(
                         f"prompt has {t.n_tokens} tokens, longer than n_ctx={n_ctx}"
                     )
+                if not t.tokenizer_fingerprint:
+                    unchecked.append(t.trial_id)
+                elif own is not None and t.tokenizer_fingerprint != own.fingerprint:
+                    raise TrialError(_mismatch(t, own, "this trial", "the given tokenizer"))
                 if tokenizer is not None:
                     check_no_bos(tokenizer, t.tokens)
             else:
@@ -397,7 +480,69 @@ def load_trials(
         except TrialError as exc:
             raise TrialError(f"{path}:{i}: {exc}") from exc
         out.append(t)
+    if unchecked:
+        warn_caller(
+            f"{path}: {len(unchecked)} of {len(out)} trials carry no tokenizer fingerprint "
+            "(the file was written before locos_tl recorded one): runs cannot check that "
+            "their token ids are the model's; rebuild the file (locos build-trials) or mark "
+            "the trials with trial.with_tokenizer(tokenizer)")
+        _UNCHECKED_WARNED.update(unchecked)
     return out
+
+
+def _mismatch(t: Trial, own: Any, what: str, whose: str, plural: bool = False) -> str:
+    """The message of trials tokenized by another tokenizer than ``own``'s."""
+    theirs = t.tokenizer_name or "an unnamed tokenizer"
+    return (f"{what} {'were' if plural else 'was'} tokenized by {theirs!r} (tokenizer "
+            f"fingerprint {t.tokenizer_fingerprint}), not by {whose} {own.name!r} "
+            f"(fingerprint {own.fingerprint}): {'their' if plural else 'its'} token ids "
+            "would be other tokens to the model. Build the trials with the model's tokenizer "
+            "(Trial.from_text(model, ...), locos_tl.build_nolima_trials(model, ...), `locos "
+            "build-trials ... --tokenizer DIR`); organism trials (locos_tl.organisms."
+            "make_trials) run on the organisms only")
+
+
+def check_trials_tokenizer(model: Any, trials: Sequence[Trial]) -> None:
+    """Refuse trials built by another tokenizer than ``model``'s (before any forward).
+
+    Compares each trial's :attr:`Trial.tokenizer_fingerprint` with
+    :func:`locos_tl.tokenize.tokenizer_fingerprint` of the model's tokenizer. Trials
+    without a fingerprint (older files, ``Trial(tokens=...)``) run, with one
+    ``UserWarning`` for those not already warned about by :func:`load_trials`. Nothing is
+    checked for a model without a tokenizer.
+
+    Args:
+        model: a TransformerBridge (or an object with a ``.tokenizer``, or a
+            ``tokenizer_identity``: :func:`locos_tl.tokenize.model_tokenizer_identity`).
+        trials: the trials.
+
+    Raises:
+        TrialError: a trial whose fingerprint differs from the model's tokenizer's; the
+            message names both tokenizers and how many trials differ.
+    """
+    from locos_tl.tokenize import model_tokenizer_identity
+
+    own = model_tokenizer_identity(model)
+    if own is None:
+        return
+    other = [(i, t) for i, t in enumerate(trials)
+             if t.tokenizer_fingerprint and t.tokenizer_fingerprint != own.fingerprint]
+    if other:
+        i, t = other[0]
+        what = (f"trial {i} ({t.trial_id})" if len(trials) == 1 else
+                f"{len(other)} of {len(trials)} trials (the first: trial {i}, {t.trial_id})")
+        raise TrialError(_mismatch(t, own, what, "the model's tokenizer",
+                                   plural=len(trials) > 1))
+    unchecked = [t.trial_id for t in trials
+                 if not t.tokenizer_fingerprint and t.trial_id not in _UNCHECKED_WARNED]
+    if unchecked:
+        warn_caller(
+            f"{len(unchecked)} of {len(trials)} trials carry no tokenizer fingerprint "
+            "(built by hand from ids, or read from an old file): locos_tl cannot check that "
+            f"their token ids are those of the model's tokenizer {own.name!r}; build trials "
+            "with Trial.from_text / locos_tl.build_*_trials, or mark them with "
+            "trial.with_tokenizer(model)")
+        _UNCHECKED_WARNED.update(unchecked)
 
 
 def trial_set_hash(trials: Sequence[Trial]) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cells_shared import GROUND_TRUTH, SETUP  # noqa: F401
+from cells_shared import FIGURES, GROUND_TRUTH, SETUP  # noqa: F401
 from nbformat.v4 import new_code_cell, new_markdown_cell
 
 
@@ -17,6 +17,7 @@ two retrieval tasks in one context format, whose mechanism was established causa
 (head ablation and activation patching, independently of LOCOS): see `MODEL_CARD.md`
 next to the checkpoint. This notebook trains nothing: it loads the organism, shows the
 tasks, measures accuracy and draws the LOCOS heatmap."""),
+        new_code_cell(FIGURES),
         new_code_cell(SETUP),
         new_code_cell("print((Path(ORGANISM) / 'MODEL_CARD.md').read_text()[:1500])"),
         new_markdown_cell("""\
@@ -60,6 +61,13 @@ trials = make_trials("nonliteral", 24, n_tokens=N_TOKENS, book=book, seed=11)
 scores = locos_tl.score_trials(model, trials, method="locos", max_new_tokens=4)
 print("top-3 LOCOS heads:", scores.top_k(3), "| documented writers:", roles["nonliteral_writer"])
 plot.head_heatmap(scores)'''),
+        new_markdown_cell("""\
+## What we found
+
+The organism answers both tasks: literal accuracy 1.00 at 512 and 1024 tokens,
+non-literal 1.00 at 512 and 0.95 at 1024 (20 held-out trials a cell). On 24 non-literal
+trials LOCOS ranks the two documented non-literal writers, L1H0 and L1H1, first and
+second; its third head, L1H6, is one of the literal copiers."""),
     ]
 
 
@@ -79,6 +87,7 @@ We use the shipped **model organism** `retrieval-long`: a 3-layer Qwen3-architec
 checkpoint with planted literal and non-literal retrieval heads, so it runs on a CPU in
 seconds and its retrieval heads are known causally (`MODEL_CARD.md` next to the
 checkpoint says how it was made and measured)."""),
+        new_code_cell(FIGURES),
         new_code_cell(SETUP),
         new_markdown_cell("""\
 ## Trials
@@ -155,6 +164,13 @@ out = Path(tempfile.mkdtemp()) / "run"
 scores.save(out)
 again = locos_tl.load_head_scores(out)  # reads any folder the package writes
 print(sorted(p.name for p in out.iterdir()), "top heads:", again.top_k(3))'''),
+        new_markdown_cell("""\
+## What we found
+
+LOCOS scored every head from 29 of 30 non-literal trials (one failed the answer gate).
+Two heads stand out, L1H0 at 61.0 [55.1, 67.0] and L1H1 at 53.9 [47.2, 60.6] logits:
+the organism's non-literal writers. The next head, L1H5, scores 2.6. A trial's score of
+a head is the needle contrast of that head's row of phi, as checked above."""),
     ]
 
 
@@ -169,6 +185,7 @@ attends to most **is** the token the model emits. That finds *literal* retrieval
 head attends to (the LANDMARK): a previous-token head in layer 0 moved the NAME into
 the LANDMARK's position, and a layer-1 head reads it from there. LOCOS measures what
 a head **writes** toward the answer from the needle, so it sees both."""),
+        new_code_cell(FIGURES),
         new_code_cell(SETUP),
         new_markdown_cell(
             "The organism's causally established head roles (from `ground_truth.json`):"),
@@ -233,4 +250,12 @@ answer_step("literal", lit_head)'''),
         new_markdown_cell("## How much do the two rankings agree?"),
         new_code_cell('''\
 plot.rank_scatter(results["nonliteral"]["wu"], results["nonliteral"]["locos"])'''),
+        new_markdown_cell("""\
+## What we found
+
+On literal trials both methods find the planted copiers: each top 3 holds three literal
+copy heads. On non-literal trials LOCOS's top 3 holds both non-literal writers (L1H0,
+L1H1), while Wu's (L2H3, L0H0, L0H1) holds no planted head, and its largest score is
+0.017 against 0.50 on literal trials. The writers attend to the landmark and write the
+name, so a copy score cannot see them; what they write can."""),
     ]

@@ -2,8 +2,12 @@
 
 Edit the cells there, then run ``python notebooks/make_notebooks.py --execute``: the
 ``.ipynb`` files are generated and executed top to bottom, and committed with their
-outputs (tables, figures as plotly JSON loading plotly.js from its CDN), so a
-repository page shows them. ``pytest -m notebooks`` executes every
+outputs (tables; each figure as plotly's JSON, interactive in Jupyter and VS Code, and a
+PNG of it in the same output, which GitHub and nbviewer show). The PNGs come from the
+headless Chromium of ``docs/scripts/render_figures.py`` (each notebook's ``show`` cell,
+``cells_shared.FIGURES``); executing here requires it (``LOCOS_REQUIRE_BROWSER=1``, so
+no notebook is written without its PNGs), a reader's Jupyter does not.
+``pytest -m notebooks`` executes every
 ``notebooks/NN_*.ipynb`` again (``tests/test_notebooks.py``).
 
 Size: each notebook runs in seconds to a minute on an idle 2-core CPU, and every step
@@ -24,6 +28,7 @@ from nbformat.v4 import new_notebook
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))  # the cell modules beside this file
 
+from cells_elicited import nb06  # noqa: E402
 from cells_experiments import nb03, nb04, nb05  # noqa: E402
 from cells_organism import nb00, nb01, nb02  # noqa: E402
 
@@ -48,11 +53,13 @@ NOTEBOOKS: dict[str, Callable[[], list]] = {
     "03_causal_evidence.ipynb": nb03,
     "04_kv_compression.ipynb": nb04,
     "05_real_models.ipynb": nb05,
+    "06_elicited.ipynb": nb06,
 }
 
 
-#: figures in the stored outputs: plotly's JSON (JupyterLab, VS Code) and a small HTML
-#: loader of plotly.js from its CDN, not plotly.js itself (3.5 MB a notebook)
+#: plotly's renderer where a figure has no PNG (no Chromium): plotly's JSON (JupyterLab,
+#: VS Code) and a small HTML loader of plotly.js from its CDN, not plotly.js itself
+#: (3.5 MB a notebook)
 RENDERER = "plotly_mimetype+notebook_connected"
 
 
@@ -64,6 +71,8 @@ def execute(path: Path, timeout: int = 1800) -> None:
 
     nb = nbformat.read(path, as_version=4)
     os.environ["PLOTLY_RENDERER"] = RENDERER  # the kernel inherits it
+    # a figure whose PNG cannot be drawn fails the cell instead of being stored without it
+    os.environ.setdefault("LOCOS_REQUIRE_BROWSER", "1")
     nbclient.NotebookClient(nb, timeout=timeout, kernel_name="python3",
                             resources={"metadata": {"path": str(path.parent)}}).execute()
     nbformat.write(nb, path)

@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
-# Create .venv and install locos_tl with every extra the tests use (CPU torch first, so
-# pip never pulls a multi-GB CUDA build). Idempotent.
+# Create .venv and install locos_tl with every extra the tests use. Idempotent.
+# torch comes first, CPU-only: the torch line below takes torch==2.13.0 from the indexes
+# pip is configured with (`pip config list`), which on this project's machines hold a
+# local CPU wheel. Where pip reaches PyPI instead (its Linux torch is the multi-GB CUDA
+# build), run first
+#   python3 -m venv .venv
+#   .venv/bin/pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+# and this script keeps that build (torch 2.13.0+cpu satisfies ==2.13.0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}

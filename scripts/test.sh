@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The full test run (what CI runs after scripts/setup.sh): ruff, the unit, integration and
-# browser tests, the notebooks executed top to bottom, and the docs build in strict mode.
+# browser tests, the notebooks executed top to bottom, the docs build in strict mode, and
+# the built wheel on its own (scripts/wheel_check.sh: a fresh environment, an empty folder).
 # Every step runs even when an earlier one fails; the script then lists the failed steps
 # and exits non-zero. Extra arguments go to the first pytest call.
 set -uo pipefail
@@ -24,10 +25,11 @@ step ruff .venv/bin/ruff check locos_tl tests
 step pytest .venv/bin/python -m pytest "$@"
 step notebooks .venv/bin/python -m pytest -m notebooks tests/test_notebooks.py
 step docs .venv/bin/mkdocs build --strict --quiet --site-dir "${TMPDIR:-/tmp}/locos_tl-site"
+step wheel bash scripts/wheel_check.sh
 
 if [ "${#failed[@]}" -ne 0 ]; then
-    echo "==> ${#failed[@]} of 4 steps failed:"
+    echo "==> ${#failed[@]} of 5 steps failed:"
     printf '    %s\n' "${failed[@]}"
     exit 1
 fi
-echo "==> all 4 steps passed"
+echo "==> all 5 steps passed"

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from locos_tl.cli import app
-from locos_tl.organisms import LONG_ORGANISM, default_book_dir
+from locos_tl.organisms import LONG_ORGANISM
 
 
 @pytest.fixture(scope="module")
@@ -24,9 +24,7 @@ def demo_out(tmp_path_factory):
 
 def test_demo_writes_score_outputs_per_run(demo_out):
     out, text = demo_out
-    runs = ["nonliteral_synthetic", "literal_synthetic"]
-    if default_book_dir().exists():
-        runs += ["nonliteral_book", "literal_book"]
+    runs = ["nonliteral_synthetic", "literal_synthetic", "nonliteral_book", "literal_book"]
     for run in runs:
         for method in ("locos", "wu"):
             for f in ("scores.csv", "heads.json", "heatmap.html"):

@@ -212,8 +212,8 @@ def test_heads_with_an_unknown_method_lists_the_methods(tmp_path):
 
 # -- 8. issue 19: the test script, rankings of more heads than there are, one default ------
 def test_test_script_runs_every_step_and_lists_the_failures(tmp_path):
-    """scripts/test.sh runs ruff, pytest, the notebooks and the docs build even when
-    steps fail, names each failed step at the end and exits non-zero."""
+    """scripts/test.sh runs ruff, pytest, the notebooks, the docs build and the wheel
+    check even when steps fail, names each failed step at the end and exits non-zero."""
     import shutil
     import stat
     import subprocess
@@ -233,20 +233,21 @@ def test_test_script_runs_every_step_and_lists_the_failures(tmp_path):
         f = bin_dir / name
         f.write_text(f'#!/usr/bin/env bash\necho "{name} $*" >> "{log}"\n{body}\n')
         f.chmod(f.stat().st_mode | stat.S_IEXEC)
+    (tmp_path / "scripts" / "wheel_check.sh").write_text(f'echo "wheel" >> "{log}"\nexit 0\n')
     res = subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh"), "-x"],
                          capture_output=True, text=True, timeout=60)
     calls = log.read_text().splitlines()
-    assert [c.split()[0] for c in calls] == ["ruff", "python", "python", "mkdocs"]
+    assert [c.split()[0] for c in calls] == ["ruff", "python", "python", "mkdocs", "wheel"]
     assert calls[1] == "python -m pytest -x"  # extra arguments go to the first pytest
     assert res.returncode == 1, res.stdout
-    assert "2 of 4 steps failed:\n    ruff (exit code 3)\n    notebooks (exit code 1)" \
+    assert "2 of 5 steps failed:\n    ruff (exit code 3)\n    notebooks (exit code 1)" \
         in res.stdout
     fakes["ruff"] = fakes["python"] = "exit 0"
     for name, body in fakes.items():
         (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
     res = subprocess.run(["bash", str(tmp_path / "scripts" / "test.sh")],
                          capture_output=True, text=True, timeout=60)
-    assert res.returncode == 0 and "all 4 steps passed" in res.stdout, res.stdout
+    assert res.returncode == 0 and "all 5 steps passed" in res.stdout, res.stdout
 
 
 def test_top_k_of_more_heads_than_there_are_raises():

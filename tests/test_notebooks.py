@@ -1,10 +1,11 @@
 """Execute the example notebooks top to bottom (nbclient); any error fails.
 
 Marked ``notebooks`` (run with ``pytest -m notebooks``): each takes a few minutes on a
-CPU. Needs the shipped organism (``data/organisms/``); the book text in
-``../shared/data/haystack`` is used when present. The committed notebooks are generated
-and executed by ``notebooks/make_notebooks.py --execute``: their cells are exactly the
-generator's, and every code cell carries its outputs.
+CPU. Uses the shipped organism and the books shipped with locos_tl. The committed
+notebooks are generated and executed by ``notebooks/make_notebooks.py --execute``. Tests
+on the committed files (no execution, no mark): their cells are exactly the generator's,
+every code cell carries its outputs, every figure carries a PNG beside its plotly JSON,
+and every notebook ends with "What we found".
 """
 
 from __future__ import annotations
@@ -60,6 +61,38 @@ def test_notebooks_are_committed_with_their_outputs():
                   if o.get("output_type") == "error"]
         assert not errors, f"{name}: stored outputs hold an error"
         assert any(c.get("outputs") for c in code), f"{name}: no stored output"
+
+
+PLOTLY = "application/vnd.plotly.v1+json"
+
+
+def test_every_figure_is_committed_with_a_png():
+    """Each stored plotly figure carries a PNG in the same output bundle (its static
+    image, which GitHub and nbviewer show: they run no plotly.js), and no output loads
+    plotly.js instead of it."""
+    nbformat = pytest.importorskip("nbformat")
+    for name in NAMES:
+        nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+        outputs = [(i, o) for i, c in enumerate(nb.cells) if c.cell_type == "code"
+                   for o in c.get("outputs", [])]
+        figures = [(i, o.data) for i, o in outputs if PLOTLY in o.get("data", {})]
+        missing = [i for i, data in figures if "image/png" not in data]
+        assert not missing, f"{name}: figures of cells {missing} have no PNG; rerun " \
+                            "python notebooks/make_notebooks.py --execute (needs Chromium)"
+        for i, data in figures:
+            assert data["image/png"].strip(), f"{name}: cell {i} has an empty PNG"
+        loaders = [i for i, o in outputs if "cdn.plot.ly" in str(o.get("data", {}))]
+        assert not loaders, f"{name}: cells {loaders} load plotly.js instead of a PNG"
+
+
+def test_every_notebook_ends_with_what_we_found():
+    """The last cell of every notebook is a markdown summary headed "What we found"."""
+    nbformat = pytest.importorskip("nbformat")
+    for name in NAMES:
+        last = nbformat.read(NOTEBOOKS / name, as_version=4).cells[-1]
+        assert last.cell_type == "markdown", f"{name}: the last cell is not markdown"
+        assert last.source.startswith("## What we found"), \
+            f"{name}: the last cell does not start with '## What we found'"
 
 
 @pytest.mark.notebooks

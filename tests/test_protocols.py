@@ -10,7 +10,6 @@ import json
 import re
 import warnings
 from collections import Counter
-from pathlib import Path
 from string import punctuation
 
 import pytest
@@ -19,19 +18,16 @@ from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial, phi_tensor, score_methods, score_trials
 from locos_tl.acceptance import acceptance_counts, method_accepted
+from locos_tl.data.packaged import book_path, niah_probes_path
 from locos_tl.detectors import DETECTORS, HeadKV, HeadKVAnchor, TrialOutcome, get_detector
 from locos_tl.engine.answers import answer_steps, rouge1_recall
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.experiments.score import finished_record
 from locos_tl.runs.records import RecordStore
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
-
-NIAH_FILE = SHARED_DATA / "niah_needles.jsonl"
-BOOK = SHARED_DATA / "haystack" / "dracula_part1.txt"
+NIAH_FILE = niah_probes_path()  # shipped with locos_tl
+BOOK = book_path("dracula_part1")
 ALL = ["locos", "wu", "headkv", "headkv_anchor", "attention_spatial", "dla"]
-pytestmark = pytest.mark.skipif(not NIAH_FILE.exists() or not BOOK.exists(),
-                                reason="shared NIAH probes / book not present")
 
 
 # ------------------------------------------------------------------ fixtures

@@ -44,8 +44,10 @@ import pytest
 import torch
 from tolerances import assert_close_within
 
+from locos_tl.data.packaged import book_dir
+
 REQUIRE = os.environ.get("LOCOS_REQUIRE_REAL_MODELS") == "1"
-HAYSTACK = Path(__file__).resolve().parents[2] / "shared" / "data" / "haystack"
+HAYSTACK = book_dir()  # the books shipped with locos_tl
 NEW = 6  # greedy tokens compared with HF generate
 TOL_FACTOR = 8.0
 
@@ -65,14 +67,12 @@ MODELS = [pytest.param("smollm2-135m-instruct", id="smollm2"),
 
 def require_fetched(name: str) -> None:
     """Skip (or, with ``LOCOS_REQUIRE_REAL_MODELS=1``, fail) when ``name`` is not
-    prepared, or the book text of ``../shared/data`` is missing."""
+    prepared."""
     from locos_tl.models.zoo import get_real_model
 
     problems = []
     if not get_real_model(name).prepared:
         problems.append(f"{name} is not fetched (run `locos models fetch {name}`)")
-    if not HAYSTACK.is_dir():
-        problems.append(f"no book text in {HAYSTACK}")
     if problems:
         msg = "; ".join(problems)
         if REQUIRE:

@@ -78,9 +78,11 @@ def test_trials_rebuilt_only_when_an_option_they_depend_on_changes(script, tmp_p
 def test_ablation_workers_run_at_nice_0(script, tmp_path, monkeypatch, workers) -> None:
     """Ray starts workers at nice 15; the sweep's own workers are asked for nice 0."""
     import locos_tl as lt
+    import locos_tl.experiments.evaluate as sweeps  # where the protocol imports it from
 
     calls = []
-    monkeypatch.setattr(lt, "ablation_sweep", lambda model, trials, sets, **kw: calls.append(kw))
+    monkeypatch.setattr(sweeps, "ablation_sweep",
+                        lambda model, trials, sets, **kw: calls.append(kw))
     monkeypatch.setattr(script.util, "_load", lambda path: [])
     args = script.parse_args(["--model", "smollm2-135m-instruct", "--out", str(tmp_path),
                               "--workers", str(workers), "--questions", "direct"])
@@ -101,10 +103,11 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     controls) gets no head set, no random and no bottom-k, so its one cell is the
     baseline; the report's grid is then that cell alone. An unknown method is refused."""
     import locos_tl as lt
+    import locos_tl.experiments.evaluate as sweeps  # where the protocol imports it from
     from locos_tl.experiments.evaluate import build_jobs
 
     calls = []
-    monkeypatch.setattr(lt, "ablation_sweep",
+    monkeypatch.setattr(sweeps, "ablation_sweep",
                         lambda model, trials, sets, **kw: calls.append((sets, kw)))
     monkeypatch.setattr(script.util, "_load", lambda path: [])
     argv = ["--model", "smollm2-135m-instruct", "--out", str(tmp_path), "--questions",
@@ -406,7 +409,9 @@ def test_published_cri_is_reused_not_patched_again(script, tmp_path, monkeypatch
     (old / "patch" / "meta.json").unlink()
     out = tmp_path / "second"
     assert "patch/trials.jsonl" not in script.resume_from(old, out)
-    monkeypatch.setattr(lt, "patch_heads", lambda *a, **k: pytest.fail("patched again"))
+    import locos_tl.experiments.patching as patching  # where the protocol imports it from
+
+    monkeypatch.setattr(patching, "patch_heads", lambda *a, **k: pytest.fail("patched again"))
     again = script.saved_cri(model, args, out, trials[:2])
     assert again is not None and again.trial_ids == cri.trial_ids
     torch.testing.assert_close(again.trial_scores, cri.trial_scores, rtol=0, atol=0)
@@ -424,7 +429,7 @@ def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
     detection budget (16, for a name) cut every one off, most before the trial gate
     (ROUGE-1 recall > 0.5) could pass: SmolLM2 was rejected on "... to take a walk in Chaoyang"
     (recall 0.47), which it completes at 30 tokens."""
-    import locos_tl as lt
+    import locos_tl.experiments.score as scoring  # where the protocol imports it from
 
     calls = []
 
@@ -432,7 +437,7 @@ def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
         calls.append((Path(out_dir).name, methods, max_new_tokens))
         return {m: m for m in methods}
 
-    monkeypatch.setattr(lt, "score_methods", score)
+    monkeypatch.setattr(scoring, "score_methods", score)
     monkeypatch.setattr(script.util, "_load", lambda path: [])
     args = script.parse_args(["--out", str(tmp_path)])
     assert (args.niah_max_new_tokens, args.max_new_tokens, args.eval_max_new_tokens) == (50, 16, 16)

@@ -187,10 +187,17 @@ def check_length(model: str, lengths: Sequence[int], max_new_tokens: int,
 
 def model_key(model: str) -> str | None:
     """The name a run directory records for ``--model`` (``settings.model``, from
-    :func:`locos_tl.models.load.model_name`) when it is known before loading: the resolved
-    path of a local directory; None otherwise (then only the load can tell)."""
+    :func:`locos_tl.models.load.model_name`) when it is known before loading: a zoo name
+    itself, a cache entry's name (:func:`locos_tl.models.identity.identity_of`), the
+    resolved path of any other local directory; None otherwise (then only the load can
+    tell)."""
+    from locos_tl.models.identity import identity_of
+    from locos_tl.models.zoo import ELICITED_MODELS, REAL_MODELS
+
     path = Path(model).expanduser()
-    return str(path.resolve()) if path.is_dir() else None
+    if model in REAL_MODELS or model in ELICITED_MODELS or path.is_dir():
+        return identity_of(model).name
+    return None
 
 
 def early_tokenizer(model: str) -> Any | None:

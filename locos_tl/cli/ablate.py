@@ -320,7 +320,7 @@ def ablate(
     from locos_tl.engine.stops import STOP_RULES, legacy_stop_rule
     from locos_tl.experiments.evaluate import evaluate, means_hash, summarize
     from locos_tl.experiments.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
-    from locos_tl.models.load import load_model, model_name
+    from locos_tl.models.load import load_model, model_settings
     from locos_tl.plot import ablation_curves
 
     # every option and input file is checked before the model loads
@@ -387,7 +387,7 @@ def ablate(
         trial_list = trials_after_load(trials, bridge, early)
         control_list = None if control is None else trials_after_load(control, bridge,
                                                                       early_control)
-        run_settings["model"] = model_name(bridge)
+        run_settings.update(model_settings(bridge))  # name and content hashes
         old = check_run(trial_list, control_list)
         with resumable(out, ctx):
             if mode.endswith("_mean") and mean_table is None:

@@ -178,7 +178,9 @@ def check_compress_resume(out: Path, settings: dict[str, Any], *,
             loads, with the settings the options alone give).
 
     A run recorded before ``dtype`` was a setting is compared on the dtype its
-    provenance records (``meta.json["model"]["dtype"]``).
+    provenance records (``meta.json["model"]["dtype"]``). The model is compared by
+    identity (name and content hashes, :func:`locos_tl.models.identity.same_model`),
+    so a run made under another cache root resumes.
 
     Raises:
         LocosError: naming the settings that differ.
@@ -196,8 +198,12 @@ def check_compress_resume(out: Path, settings: dict[str, Any], *,
         raise LocosError(f"{meta_path} is not valid JSON; use a new --out") from None
     if "dtype" not in old and isinstance(meta.get("model"), dict):
         old["dtype"] = meta["model"].get("dtype")  # recorded before dtype was a setting
+    from locos_tl.models.identity import HASHES_KEY, same_model
+
     keys = set(settings) if partial else set(old) | set(settings)
-    diff = sorted(k for k in keys if old.get(k) != settings.get(k))
+    diff = sorted(k for k in keys - {"model", HASHES_KEY} if old.get(k) != settings.get(k))
+    if "model" in keys and not same_model(old, settings):  # name and hashes, not a path
+        diff.insert(0, "model")
     if diff:
         raise LocosError(f"{out} holds a compression run with other settings "
                          f"({', '.join(diff)}); use a new --out directory")
@@ -330,7 +336,7 @@ def compress(
 
         from locos_tl.experiments.compress import compression_sweep
         from locos_tl.experiments.compress.cache import compression_twin
-        from locos_tl.models.load import load_model, model_dtype, model_name
+        from locos_tl.models.load import load_model, model_dtype, model_settings
         from locos_tl.runs.provenance import provenance
         from locos_tl.trials import load_trials, trial_set_hash
 
@@ -341,7 +347,7 @@ def compress(
             [t for p in trials for t in load_trials(p, bridge.tokenizer, n_ctx=n_ctx)],
             query_start)
         settings = {
-            "model": model_name(bridge), **options, "dtype": model_dtype(bridge),
+            **model_settings(bridge), **options, "dtype": model_dtype(bridge),
             "n_trials": len(trial_list), "trial_set_hash": trial_set_hash(trial_list),
         }
         check_compress_resume(out, settings)

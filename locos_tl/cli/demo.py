@@ -169,8 +169,8 @@ def demo(
                                              "4089, 1017).", min=16)] = 1024,
     n_trials: Annotated[int, typer.Option(help="Trials per task and filler.", min=1)] = 40,
     book: Annotated[Path | None, typer.Option(help="Book text file or directory used as "
-                                                   "real filler (default: "
-                                                   "../shared/data/haystack).")] = None,
+                                                   "real filler (default: the "
+                                                   "books shipped with locos_tl).")] = None,
 ) -> None:
     """Score the shipped model organism's literal and non-literal retrieval heads with
     LOCOS and the Wu copy score, and compare them with its causal ground truth."""

@@ -22,11 +22,13 @@ def elicit_command(
                     ] = "smollm2-135m-instruct",
     out: Annotated[Path, typer.Option(help="run directory (resumed when it holds a "
                                            "checkpoint)")] = _OUT,
-    data_dir: Annotated[Path, typer.Option(
-        help="folder with haystack/*.txt (the training book)")] = Path("../shared/data"),
-    book: Annotated[str, typer.Option(help="training book in DATA_DIR/haystack (keep "
-                                           "it apart from the evaluation books)")
-                    ] = "dracula_part1.txt",
+    data_dir: Annotated[Path | None, typer.Option(
+        help="folder with haystack/*.txt holding BOOK (default: the books shipped with "
+             "locos_tl)")] = None,
+    book: Annotated[str, typer.Option(help="training book: a shipped book's name, or a "
+                                           "file in DATA_DIR/haystack (keep it apart from "
+                                           "the evaluation books)")
+                    ] = "dracula_part1",
     needle_set: Annotated[str, typer.Option(
         help="training needle set (never the evaluation set)")] = "everyday_train",
     steps: Annotated[int, typer.Option(help="optimizer steps, one trial each")] = 2400,
@@ -44,7 +46,9 @@ def elicit_command(
     from locos_tl.organisms.elicit import ElicitConfig, elicit
 
     cfg = ElicitConfig(base=base, needle_set=needle_set,
-                       haystacks=(str(data_dir / "haystack" / book),), steps=steps, lr=lr,
+                       haystacks=(book if data_dir is None
+                                  else str(data_dir / "haystack" / book),),
+                       steps=steps, lr=lr,
                        rank=rank, alpha=2 * rank, seed=seed)
     try:
         adapter = elicit(cfg, out, device=device,

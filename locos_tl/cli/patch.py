@@ -56,7 +56,7 @@ def patch(
     from locos_tl.experiments.compare import compare_rankings
     from locos_tl.experiments.patching import CORRUPTIONS, RESUME_KEYS, AnswerPosition, patch_heads
     from locos_tl.experiments.score import score_trials
-    from locos_tl.models.load import load_model, model_name
+    from locos_tl.models.load import load_model, model_settings
     from locos_tl.plot import rank_scatter
     from locos_tl.runs.rundir import load_head_scores
 
@@ -83,7 +83,7 @@ def patch(
         bridge = load_model(model, device=device, dtype=dtype)
         check_shape((int(bridge.cfg.n_layers), int(bridge.cfg.n_heads)))
         trial_list = trials_after_load(trials, bridge, early)
-        check_run_dir(out, trial_list, dict(settings, model=model_name(bridge)), RESUME_KEYS)
+        check_run_dir(out, trial_list, {**settings, **model_settings(bridge)}, RESUME_KEYS)
         with resumable(out, ctx):
             cri = patch_heads(bridge, trial_list, corruption=corruption,  # type: ignore[arg-type]
                               batch_size=batch_size, chunk_size=chunk_size,

@@ -22,7 +22,7 @@ from typing import Any
 from locos_tl.data.haystack import Haystack
 from locos_tl.data.placement import _Book, _covering_span, _insert, _nearest  # noqa: F401
 from locos_tl.errors import DataFormatError, TrialError
-from locos_tl.tokenize import checkpoint_tokenizer, encode_prompt
+from locos_tl.tokenize import checkpoint_tokenizer, encode_prompt, tokenizer_identity
 from locos_tl.trials import Trial, span_from_offsets
 
 
@@ -141,6 +141,7 @@ class PromptBuilder:
                 "a fast tokenizer (with character offsets) is needed to build trials"
             )
         self.tokenizer = checkpoint_tokenizer(tok)
+        self._identity: Any = None  # the tokenizer's fingerprint, computed once
         self.max_tries = max_tries
         self.boundary_tries = boundary_tries
         self.start_tries = start_tries
@@ -432,5 +433,9 @@ class PromptBuilder:
             # template, which KV-cache compression keeps whole (locos_tl.experiments.compress)
             query_start=int(he),
         )
+        if self._identity is None:
+            self._identity = tokenizer_identity(self.tokenizer)
         return Trial(tokens=tuple(r.ids), needle_span=(s, e), answer=answer, prompt=r.prompt,
-                     meta=out, answer_span=answer_span)
+                     meta=out, answer_span=answer_span,
+                     tokenizer_fingerprint=self._identity.fingerprint,
+                     tokenizer_name=self._identity.name)

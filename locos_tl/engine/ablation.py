@@ -162,7 +162,7 @@ def calibrate_means(
         TrialError: a prompt (cut to ``max_tokens``) is longer than the model's
             ``n_ctx``; a string prompt holds the checkpoint's BOS after position 0.
     """
-    from locos_tl.models.load import model_name
+    from locos_tl.models.load import model_settings
     from locos_tl.tokenize import encode_prompt
 
     prompts = _check_prompts(prompts)
@@ -205,7 +205,7 @@ def calibrate_means(
     return AblationMeans(
         q=(means["query"] / n).to(torch.float32), z=(means["output"] / n).to(torch.float32),
         n_prompts=n, n_tokens=n_tokens,
-        meta={"model": model_name(model), "max_tokens": max_tokens, "bos": bos},
+        meta={**model_settings(model), "max_tokens": max_tokens, "bos": bos},
     )
 
 

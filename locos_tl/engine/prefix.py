@@ -45,10 +45,11 @@ from torch import Tensor
 from locos_tl.engine.forward import _new_cache, fork_cache
 from locos_tl.engine.interventions import engine, lens_hooks_attached, lowest_intervened_layer
 from locos_tl.engine.twin import sdpa_twin
+from locos_tl.errors import warn_caller
 
 __all__ = ["DEFAULT_PREFIX_BYTES", "DecodeTrace", "PromptPrefix", "capture_prefix",
-           "keep_resid_pre", "prefill_from", "prompt_prefix", "start_at_layer",
-           "trace_decode", "trace_step"]
+           "keep_resid_pre", "prefill_from", "prompt_prefix", "reuse_allowed",
+           "start_at_layer", "trace_decode", "trace_step"]
 
 #: default cap on the kept ``resid_pre`` of one prompt (bytes)
 DEFAULT_PREFIX_BYTES = 1 << 30
@@ -210,6 +211,31 @@ def start_at_layer(model: Any, start: int, resid: Float[Tensor, "1 pos d_model"]
                 del mods[l].forward
             else:
                 mods[l].forward = fn
+
+
+def reuse_allowed(model: Any, reuse_prefix: bool, caller: str) -> bool:
+    """Whether a sweep called as ``caller`` can reuse unablated prefixes: ``reuse_prefix``,
+    unless hooks are already attached to ``model`` when the sweep starts (an outer
+    :func:`locos_tl.ablate` / :func:`~locos_tl.engine.interventions.intervene` block, a
+    steering hook from ``model.hooks(...)`` or ``add_hook``).
+
+    The prefix :func:`capture_prefix` keeps is the prompt with no hook at all; under an
+    outer hook it would not be what every head set's run starts from, so the sweep
+    recomputes each prompt and decoding in full under the outer hooks plus its own
+    ablation, the records of ``reuse_prefix=False``.
+
+    Warns:
+        UserWarning: once, when ``reuse_prefix`` is on and hooks are attached (it is
+            then turned off; pass ``reuse_prefix=False`` to silence the warning).
+    """
+    if not reuse_prefix or not lens_hooks_attached(model):
+        return bool(reuse_prefix)
+    warn_caller(f"{caller}(): hooks are already attached to the model (an outer "
+                "ablate()/intervene() block or your own hooks); the unablated prompt "
+                "prefix cannot be reused under them, so every prompt and decoding is "
+                "recomputed with those hooks active (the records of reuse_prefix=False). "
+                "Pass reuse_prefix=False to silence this warning", UserWarning)
+    return False
 
 
 def prompt_prefix(model: Any, tokens: Sequence[int], head_sets: Sequence[Sequence[Any]], *,

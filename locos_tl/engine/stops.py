@@ -53,11 +53,10 @@ def legacy_stop_rule(stop_rule: str, stop_at_newline: bool | None, caller: str) 
     stop_rule = check_stop_rule(stop_rule)
     if stop_at_newline is None:
         return stop_rule
-    import warnings
+    from locos_tl.errors import warn_caller
 
-    warnings.warn(f"{caller}(): stop_at_newline= is deprecated; use stop_rule= "
-                  "('newline_token', 'contains_newline' or 'none')",
-                  DeprecationWarning, stacklevel=3)
+    warn_caller(f"{caller}(): stop_at_newline= is deprecated; use stop_rule= "
+                "('newline_token', 'contains_newline' or 'none')", DeprecationWarning)
     if stop_at_newline:
         return stop_rule
     if stop_rule not in ("newline_token", "none"):

@@ -33,7 +33,7 @@ from locos_tl.engine.ablation import (
     random_heads,
 )
 from locos_tl.engine.decode import greedy_decode
-from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
+from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix, reuse_allowed
 from locos_tl.engine.stops import (
     StopRule,
     check_stop_rule,
@@ -61,7 +61,7 @@ from locos_tl.experiments.task_metrics import (
 )
 from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
 from locos_tl.heads import Head, HeadScores
-from locos_tl.models.load import model_dtype, model_name
+from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.distributed.workers import (
     LEGACY_RAY_OPTIONS,
     Workers,
@@ -303,7 +303,10 @@ def ablation_sweep(
             SDPA twin, a prompt within ``chunk_size``), and each decode step from that
             layer while the generation follows the unablated one (models without
             sliding-window layers): the same tokens and logits as recomputing it all,
-            which ``False`` does.
+            which ``False`` does. Under hooks attached before the call (an outer
+            :func:`locos_tl.ablate`, a steering hook) it is turned off, with one
+            ``UserWarning`` (:func:`locos_tl.engine.prefix.reuse_allowed`): the sweep
+            runs under those hooks plus its own ablation, as with ``False``.
         prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes, highest layers
             first); a head set starting beyond it recomputes the prompt.
         stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
@@ -346,8 +349,10 @@ def ablation_sweep(
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     k, seeds, jobs, skipped = plan_grid(model, head_sets, k, seeds, random=random,
                                         bottom=bottom)
+    if dist is None:  # an outer ablate() or steering hook: recompute (warned once)
+        reuse_prefix = reuse_allowed(model, reuse_prefix, "ablation_sweep")
     settings = {
-        "model": model_name(model), "dtype": model_dtype(model), "mode": mode,
+        **model_settings(model), "dtype": model_dtype(model), "mode": mode,
         "means_hash": means_hash(means),
         "max_new_tokens": max_new_tokens, "stop_at_newline": stop_rule != "none",
         "stop_rule": stop_rule, "thinking": thinking, "reuse_prefix": bool(reuse_prefix),

@@ -46,16 +46,74 @@ def name_prefix(trial: Trial) -> str:
     return " " if trial.meta.get("template") == "completion" else ""
 
 
-def name_token_ids(tokenizer: Any, name: str, prefix: str = "") -> list[int]:
-    """The token ids of ``prefix + name`` (no special tokens).
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """``text``'s ids, no special tokens added (no length warning: prompts may be long)."""
+    try:
+        ids = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
+    except TypeError:  # a tokenizer-like object without ``verbose``
+        ids = tokenizer(text, add_special_tokens=False).input_ids
+    return [int(i) for i in ids]
+
+
+def name_token_ids(tokenizer: Any, name: str, prefix: str = "", *,
+                   context: str | None = None) -> list[int]:
+    """The token ids of ``prefix + name`` (no special tokens), as the tokenizer writes
+    them right after ``context`` (the prompt text).
+
+    With ``context``, the ids are cut from the joint encoding (lm-evaluation-harness's
+    rule for continuations): ``encode(context + prefix + name)`` after its longest common
+    prefix with ``encode(context)``. A tokenizer that marks the start of a text
+    (SentencePiece's word-start ``▁`` under ``Metaspace(prepend_scheme="first")``:
+    Llama-2, Mistral, Phi-3, TinyLlama) encodes a name on its own as ``▁Chiara`` but
+    after ``"<|assistant|>\\n"`` as ``Chiara``; the joint encoding gives the latter, the
+    sequence the model writes. Byte-level BPE (SmolLM2, Qwen, Llama-3) and tokenizers
+    with no start-of-text rule give the same ids either way.
+
+    Boundary merge: when the joint encoding changes a token of the context's own
+    encoding (the context's last token fuses with the name's first characters, say a
+    trailing space taken into ``" Chiara"``, or a word-level tokenizer reading
+    ``"QYuki"`` as one unknown word), no token sequence after the prompt's tokens is
+    the one the tokenizer writes. The name is then encoded on its own, as without
+    ``context`` (the ids used before the joint rule).
+
+    Args:
+        tokenizer: a Hugging Face tokenizer (or a model's ``.tokenizer``).
+        name: the name (or answer) text.
+        prefix: text before the name at the answer position (:func:`name_prefix`).
+        context: the text the ids continue; None encodes ``prefix + name`` on its own.
 
     Raises:
         TrialError: the name tokenizes to nothing.
     """
-    ids = list(tokenizer(prefix + name, add_special_tokens=False).input_ids)
+    text = prefix + name
+    ids: list[int] = []
+    if context:
+        ids = _cut_continuation(_encode(tokenizer, context),
+                                _encode(tokenizer, context + text))
+    if not ids:
+        ids = _encode(tokenizer, text)
     if not ids:
         raise TrialError(f"the name {name!r} tokenizes to nothing")
-    return [int(i) for i in ids]
+    return ids
+
+
+def _cut_continuation(context_ids: Sequence[int], joint_ids: Sequence[int]) -> list[int]:
+    """``joint_ids`` after ``context_ids`` when ``joint_ids`` starts with all of them;
+    ``[]`` on a boundary merge (:func:`name_token_ids`)."""
+    n = 0
+    for a, b in zip(context_ids, joint_ids, strict=False):
+        if a != b:
+            break
+        n += 1
+    return list(joint_ids[n:]) if n == len(context_ids) else []
+
+
+def trial_context(tokenizer: Any, trial: Trial) -> str:
+    """The text a trial's answer continues: its prompt text, or, for a trial built from
+    ids (``prompt == ""``), its tokens decoded (special tokens kept)."""
+    if trial.prompt:
+        return trial.prompt
+    return str(tokenizer.decode(list(trial.tokens), skip_special_tokens=False))
 
 
 def _logits(model: Any, ids: Tensor) -> Tensor:
@@ -110,15 +168,16 @@ def name_margin(model: Any, trial: Trial) -> dict[str, Any]:
 
 
 def candidate_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
-    """Token ids of the target's name, then each distractor's, as they would start the
-    answer (:func:`name_prefix`).
+    """Token ids of the target's name, then each distractor's, as the tokenizer writes
+    them right after the trial's prompt (:func:`name_prefix`, :func:`name_token_ids`
+    with the prompt as ``context``).
 
     Raises:
         TrialError: no distractor names; a name that tokenizes to nothing.
     """
     target, rivals = candidate_names(trial)
-    prefix = name_prefix(trial)
-    return [name_token_ids(tokenizer, n, prefix) for n in [target, *rivals]]
+    prefix, context = name_prefix(trial), trial_context(tokenizer, trial)
+    return [name_token_ids(tokenizer, n, prefix, context=context) for n in [target, *rivals]]
 
 
 def margin_of_logprobs(trial: Trial, logp: Sequence[float] | Tensor) -> dict[str, Any]:

@@ -45,7 +45,7 @@ from locos_tl.errors import TrialError
 from locos_tl.experiments.score import check_trials_fit
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
-from locos_tl.models.load import model_dtype, model_name
+from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import RecordStore
 from locos_tl.tokenize import check_no_bos, encode_fragment
@@ -438,7 +438,7 @@ def patch_heads(
     check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)
     if batch_size is None:
         batch_size = default_batch_size(next(model.original_model.parameters()).device)
-    settings = {"model": model_name(model), "dtype": model_dtype(model), "method": "cri",
+    settings = {**model_settings(model), "dtype": model_dtype(model), "method": "cri",
                 "corruption": corruption, "filler": filler if isinstance(filler, str)
                 else [int(x) for x in filler], "swap_names": list(swap_names),
                 "answer_position": answer_position, "max_new_tokens": max_new_tokens,

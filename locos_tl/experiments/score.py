@@ -26,7 +26,7 @@ from locos_tl.engine.stops import StopRule
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
-from locos_tl.models.load import model_dtype, model_name
+from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.distributed.workers import (
     LEGACY_RAY_OPTIONS,
     Workers,
@@ -92,17 +92,17 @@ def score_trials(model: Any, trials: Any, *, method: str | None = None,
     :func:`score_methods` dict, with a DeprecationWarning.
     """
     if "methods" in options:  # the old spelling of score_methods: kept, with a warning
-        import warnings
+        from locos_tl.errors import warn_caller
 
         if method is not None:
             raise TypeError("score_trials() got both method= and methods=; score_trials "
                             "scores one method and returns HeadScores, score_methods(model, "
                             "trials, methods=[...]) returns a {method: HeadScores} dict")
 
-        warnings.warn("score_trials(methods=[...]) is deprecated: score_trials scores one "
-                      "method (method=...) and returns HeadScores; score_methods(model, "
-                      "trials, methods=[...]) returns the {method: HeadScores} dict",
-                      DeprecationWarning, stacklevel=2)
+        warn_caller("score_trials(methods=[...]) is deprecated: score_trials scores one "
+                    "method (method=...) and returns HeadScores; score_methods(model, "
+                    "trials, methods=[...]) returns the {method: HeadScores} dict",
+                    DeprecationWarning)
         return score_methods(model, trials, _caller="score_trials",  # type: ignore[return-value]
                              **options)
     method = "locos" if method is None else method
@@ -257,8 +257,9 @@ def score_methods(
             chunk_size=chunk_size, decode_engine=decode_engine, on_resume=on_resume,
             on_record=on_record, **run_args, **dist), keep)
     opts = check_run_options(trials, **run_args)  # type: ignore[arg-type]
-    run = ScoringRun(opts, model, model_name=model_name(model), dtype=model_dtype(model),
-                     out_dir=out_dir)
+    identity = model_settings(model)
+    run = ScoringRun(opts, model, model_name=identity["model"], dtype=model_dtype(model),
+                     out_dir=out_dir, model_hashes=identity.get("model_hashes"))
     meta = provenance(model)
     meta["engine"] = engine_paths(model, prefill_mode, decode_engine)  # which paths run
     if batch_size > 1:  # batched decoding, or why it fell back to one trial at a time

@@ -30,15 +30,20 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from locos_tl.engine.ablation import AblationMeans, AblationMode, ablate, check_mode
-from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix
+from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix, reuse_allowed
 from locos_tl.engine.teacher_forcing import continuation_logprobs
 from locos_tl.errors import TrialError
 from locos_tl.experiments.evaluate import means_hash, plan_grid
-from locos_tl.experiments.margin import margin_of_logprobs, name_prefix, name_token_ids
+from locos_tl.experiments.margin import (
+    margin_of_logprobs,
+    name_prefix,
+    name_token_ids,
+    trial_context,
+)
 from locos_tl.experiments.score import check_trials_fit
 from locos_tl.head_spec import HeadLike
 from locos_tl.heads import HeadScores
-from locos_tl.models.load import model_dtype, model_name
+from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import META_FILE, RecordStore
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
@@ -52,14 +57,17 @@ RESUME_KEYS = ("model", "dtype", "mode", "means_hash")
 
 def answer_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
     """Token ids of the answer (the needle's character where recorded, else
-    ``trial.answer``), then of each distractor name, as they would start the response.
+    ``trial.answer``), then of each distractor name, as the tokenizer writes them right
+    after the trial's prompt (:func:`locos_tl.experiments.margin.name_token_ids` with the
+    prompt as ``context``).
 
     Raises:
         TrialError: a name that tokenizes to nothing.
     """
     names = [str(trial.meta.get("character") or trial.answer)]
     names += [str(n) for n in trial.meta.get("distractor_names") or []]
-    return [name_token_ids(tokenizer, n, name_prefix(trial)) for n in names]
+    prefix, context = name_prefix(trial), trial_context(tokenizer, trial)
+    return [name_token_ids(tokenizer, n, prefix, context=context) for n in names]
 
 
 def _record(key: str, n_heads: int, t: Trial, logp: Sequence[float]) -> dict[str, Any]:
@@ -103,7 +111,10 @@ def teacher_forced_sweep(
         chunk_size: prefill query chunk.
         reuse_prefix: compute each ablated prompt from its lowest ablated layer on one
             unablated prefill per trial (bit-identical to ``False``, which recomputes
-            every prompt).
+            every prompt). Turned off, with one ``UserWarning``, under hooks attached
+            before the call (an outer :func:`locos_tl.ablate`, a steering hook;
+            :func:`locos_tl.engine.prefix.reuse_allowed`): every prompt then runs under
+            those hooks plus the head set's ablation, as with ``False``.
         prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes).
         progress: a tqdm bar over (head set, trial) pairs.
         on_resume: with ``out_dir``, called once before any work as
@@ -128,6 +139,8 @@ def teacher_forced_sweep(
         UserWarning: a head set lists fewer heads than a k (that k is skipped for it and
             recorded as ``skipped_k`` in ``meta.json``, as :func:`locos_tl.ablation_sweep`
             does).
+        UserWarning: hooks are attached to the model and ``reuse_prefix`` is on (it is
+            turned off: ``reuse_prefix=False`` silences this).
         LocosError: ``out_dir`` holds a run with other settings or trials.
     """
     mode = check_mode(mode)
@@ -141,7 +154,9 @@ def teacher_forced_sweep(
     names = {t.trial_id: answer_token_ids(model.tokenizer, t) for t in trials}
     longest = max((len(n) for ns in names.values() for n in ns), default=1)
     check_trials_fit(model, trials, longest)
-    settings = {"model": model_name(model), "dtype": model_dtype(model), "mode": mode,
+    # an outer ablate() or steering hook: recompute every prompt (warned once)
+    reuse_prefix = reuse_allowed(model, reuse_prefix, "teacher_forced_sweep")
+    settings = {**model_settings(model), "dtype": model_dtype(model), "mode": mode,
                 "means_hash": means_hash(means), "scoring": "teacher_forced",
                 "reuse_prefix": bool(reuse_prefix), "ks": sorted({int(x) for x in ks}),
                 "seeds": seeds, "skipped_k": skipped, "n_trials": len(trials),

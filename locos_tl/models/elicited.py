@@ -10,14 +10,13 @@ bit for bit.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from locos_tl.errors import ModelLoadError
+from locos_tl.errors import CachePermissionError, ModelLoadError
 from locos_tl.models.gguf_cache import (
     SOURCE_FILE,
     cache_root,
@@ -26,11 +25,12 @@ from locos_tl.models.gguf_cache import (
     install_entry,
     is_prepared,
     manifest,
+    read_source,
     sha256_file,
+    temporary_folder,
 )
-
-#: shipped adapters: ``data/organisms/<name>/adapter`` in a source checkout
-SHIPPED = Path(__file__).resolve().parents[2] / "data" / "organisms"
+from locos_tl.models.shipped import SHIPPED_DIR as SHIPPED
+from locos_tl.models.shipped import shipped_path
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,7 @@ class ElicitedModel:
         Raises:
             ModelLoadError: the adapter is not shipped in this installation.
         """
-        weights = self.adapter / "adapter_model.safetensors"
-        if not weights.is_file():
-            raise ModelLoadError(f"the adapter of {self.name!r} is missing ({weights}); it "
-                                 "ships in a source checkout of locos_tl (data/organisms)")
+        weights = shipped_path(self.name, "adapter", "adapter_model.safetensors", root=SHIPPED)
         return sha256_file(weights)
 
     @property
@@ -89,13 +86,17 @@ class ElicitedModel:
         return entry_problems(self.directory, verify=verify)
 
     def status(self, *, verify: bool = False) -> str:
-        """``"yes"``, ``"damaged: ..."``, ``"no"`` (``locos models fetch NAME``) or
-        ``"no adapter"`` (not shipped in this installation)."""
+        """``"yes"``, ``"damaged: ..."``, ``"not readable: ..."`` (another user's entry),
+        ``"no"`` (``locos models fetch NAME``) or ``"no adapter"`` (not shipped in this
+        installation)."""
         if not (self.adapter / "adapter_model.safetensors").is_file():
             return "no adapter"
-        if self.prepared:
-            problems = self.problems(verify=verify)
-            return f"damaged: {'; '.join(problems)}" if problems else "yes"
+        try:
+            if self.prepared:
+                problems = self.problems(verify=verify)
+                return f"damaged: {'; '.join(problems)}" if problems else "yes"
+        except CachePermissionError as exc:  # another user's entry: not damaged
+            return f"not readable: {exc}"
         return "no"
 
 
@@ -109,6 +110,8 @@ def merge(entry: ElicitedModel, base_dir: Path, *,
         ModelLoadError: the adapter is missing; the merged entry is damaged and
             ``repair`` is off (the message names ``locos models fetch NAME``); ``peft``
             is not installed (the ``elicit`` extra).
+        CachePermissionError: the merged entry is another user's and not readable by
+            this one, or its lock file not writable (never repaired).
     """
     dest = entry.directory
     say = log or (lambda _msg: None)
@@ -117,20 +120,18 @@ def merge(entry: ElicitedModel, base_dir: Path, *,
         if not build:
             return dest
         say(f"merging the adapter of {entry.name} into {entry.base} (float32)")
-        tmp = dest.with_name(f"{dest.name}.tmp-{os.getpid()}")
-        try:
+        with temporary_folder(dest) as tmp:
             _merged(entry, base_dir).save_pretrained(tmp)
             for f in base_dir.iterdir():
                 if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_t")):
                     shutil.copy2(f, tmp / f.name)
+            base_sha = (read_source(base_dir) or {}).get("sha256")
             record = {"elicited": entry.name, "base": entry.base,
-                      "base_directory": str(base_dir), "adapter": str(entry.adapter),
+                      "base_directory": str(base_dir), "base_sha256": base_sha,
+                      "adapter": str(entry.adapter),
                       "adapter_sha256": entry.adapter_sha256(), "files": manifest(tmp)}
             (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
-            install_entry(tmp, dest)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+            install_entry(tmp, dest)  # shared by the umask
     return dest
 
 

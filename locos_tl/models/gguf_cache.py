@@ -11,6 +11,16 @@ Cache root: ``$LOCOS_CACHE``, else ``~/.cache/locos_tl``; a prepared checkpoint 
 ``<root>/gguf/<sha256>/`` with ``gguf_source.json`` (source file, SHA-256, quantization
 type), which :func:`locos_tl.runs.provenance.provenance` records.
 
+One cache may serve several users (a shared disk, a container built as one user and run
+as another): an entry's files and folders are made readable as the preparing user's
+umask allows (``0o666 & ~umask``, folders ``0o777 & ~umask``; safetensors itself writes
+its weights file ``0o600``), and a file another user's entry does not let this one read
+is reported as such (:class:`~locos_tl.errors.CachePermissionError`, naming the file,
+its owner and the fix), never as damage to repair. A preparation holds a lock on its
+temporary folder for its whole life (``<root>/locks/``), so a temporary folder is
+removed as abandoned only when its lock is free: safe when several hosts or containers
+share the cache, where process ids say nothing.
+
 Only the standard library is imported at module level.
 """
 
@@ -19,13 +29,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from locos_tl.errors import ModelLoadError
+from locos_tl.errors import CachePermissionError, ModelLoadError
 from locos_tl.models.gguf_checks import Plan, read_header, reconcile, unpermute_qk
 from locos_tl.models.gguf_checks import require_gguf as _require_gguf
 
@@ -66,20 +77,128 @@ def cached_dir(sha256: str) -> Path:
 def is_prepared(directory: str | os.PathLike[str]) -> bool:
     """True when ``directory`` holds a finished prepared checkpoint (its source record
     and config; a preparation is written to a temporary folder and renamed into place).
-    Says nothing of its health: :func:`entry_problems`."""
+    Says nothing of its health: :func:`entry_problems`.
+
+    Raises:
+        CachePermissionError: the folder belongs to another user and this one may not
+            look into it.
+    """
     d = Path(directory)
-    return (d / SOURCE_FILE).is_file() and (d / "config.json").is_file()
+    try:
+        return (d / SOURCE_FILE).is_file() and (d / "config.json").is_file()
+    except PermissionError as exc:
+        raise permission_error(Path(exc.filename or d), d) from None
+
+
+def current_umask() -> int:
+    """The process's umask (read from ``/proc/self/status`` where it can be, so the
+    process-wide setting is never changed, even for an instant)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def share_by_umask(folder: Path) -> None:
+    """Give ``folder`` and everything in it the modes a file created now would get:
+    files ``0o666 & ~umask``, folders ``0o777 & ~umask`` (safetensors writes its
+    weights ``0o600`` whatever the umask; a copied file keeps its source's mode)."""
+    mask = current_umask()
+    os.chmod(folder, 0o777 & ~mask)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs:
+            os.chmod(os.path.join(root, name), 0o777 & ~mask)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o666 & ~mask)
+
+
+def grant_read(folder: Path) -> Path:
+    """Add the read bits (and folders' search bits) the umask allows to the files and
+    folders of ``folder`` that this user owns, leaving other bits as they are: an entry
+    prepared by an older locos_tl (weights ``0o600``) becomes readable by the other
+    users of a shared cache. Files of other users are left alone.
+
+    Returns:
+        ``folder``.
+    """
+    if not hasattr(os, "geteuid"):
+        return folder
+    mask, me = current_umask(), os.geteuid()
+    try:
+        paths = [folder, *folder.rglob("*")] if folder.is_dir() else []
+    except OSError:  # another user's folder: not ours to share
+        return folder
+    for p in paths:
+        try:
+            st = p.lstat()
+            if st.st_uid != me or p.is_symlink():
+                continue
+            want = (0o555 if p.is_dir() else 0o444) & ~mask
+            if st.st_mode & want != want:
+                os.chmod(p, (st.st_mode & 0o7777) | want)
+        except OSError:
+            continue
+    return folder
+
+
+def _user(uid: int) -> str:
+    try:
+        import pwd
+
+        return pwd.getpwuid(uid).pw_name
+    except (ImportError, KeyError):
+        return f"uid {uid}"
+
+
+def permission_error(path: Path, entry: Path | None = None, *,
+                     write: bool = False) -> CachePermissionError:
+    """The error for a cache file this user may not read (or, ``write``, not write): it
+    names the file, its owner and mode, and how to share it; ``entry`` is the folder to
+    share (default: the file's own folder)."""
+    entry = entry or path.parent
+    probe = path
+    while True:  # the file, or the nearest folder above it this user can see
+        try:
+            st = probe.stat()
+            break
+        except OSError:
+            if probe.parent == probe:
+                st = None
+                break
+            probe = probe.parent
+    owner = _user(st.st_uid) if st is not None else "another user"
+    mode = f"mode {st.st_mode & 0o777:04o}, " if st is not None else ""
+    me = _user(os.geteuid()) if hasattr(os, "geteuid") else "this user"
+    if write:
+        return CachePermissionError(
+            f"cannot take the lock {path}: it belongs to {owner} ({mode}not writable by "
+            f"{me}); the cache {cache_root()} is shared, so its locks must be writable by "
+            f"every user: ask {owner} to run `chmod -R a+rwX {path.parent}` (or give the "
+            "users one group and umask 002), or set LOCOS_CACHE to a cache of your own")
+    return CachePermissionError(
+        f"{path} is not readable by {me}: it belongs to {owner} ({mode}written by an "
+        f"older locos_tl or under a strict umask). The checkpoint is not damaged; ask "
+        f"{owner} to run `chmod -R a+rX {entry}` (or `locos models fetch` as {owner}, "
+        "which shares it by the umask), or set LOCOS_CACHE to a cache of your own")
 
 
 def _safetensors_size(path: Path) -> int | None:
     """The size a safetensors file's own header implies (8 + header + data), or None
-    when the header cannot be read."""
+    when the header cannot be read (a ``PermissionError`` is raised, not taken for
+    damage)."""
     try:
         with path.open("rb") as f:
             n = int.from_bytes(f.read(8), "little")
             if not 0 < n < 1 << 30:
                 return None
             header = json.loads(f.read(n))
+    except PermissionError:
+        raise
     except (OSError, ValueError, UnicodeDecodeError):
         return None
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
@@ -97,8 +216,19 @@ def entry_problems(directory: str | os.PathLike[str], *, verify: bool = False) -
     Returns:
         One line per problem (``"model.safetensors: 2.0 MB, expected 538.2 MB"``); an
         unfinished or missing directory gives ``["not prepared"]``.
+
+    Raises:
+        CachePermissionError: a file of the entry belongs to another user and this one
+            may not read it (a permission problem, not damage: nothing is repaired).
     """
     d = Path(directory)
+    try:
+        return _entry_problems(d, verify)
+    except PermissionError as exc:
+        raise permission_error(Path(exc.filename or d), d) from None
+
+
+def _entry_problems(d: Path, verify: bool) -> list[str]:
     if not is_prepared(d):
         return ["not prepared"]
     record = read_source(d)
@@ -146,22 +276,93 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+def _tmp_lock_path(tmp: Path) -> Path:
+    """The lock a preparation holds on its temporary folder ``tmp`` for its whole life:
+    ``<cache root>/locks/<kind>-<tmp name>.lock``."""
+    return tmp.parent.parent / "locks" / f"{tmp.parent.name}-{tmp.name}.lock"
+
+
+def _lock(path: Path, timeout: float = -1.0) -> Any:
+    from filelock import FileLock
+
+    return FileLock(str(path), timeout=timeout, mode=0o666 & ~current_umask())
+
+
+@contextmanager
+def temporary_folder(out: Path) -> Iterator[Path]:
+    """A new temporary folder path for the entry ``out`` (``<name>.tmp-<pid>-<random>``,
+    beside it; not created), whose lock (:func:`_tmp_lock_path`) this process holds
+    until the block ends, so no other process, on this host or another one sharing the
+    cache, takes it for abandoned. The folder is removed when the block raises or leaves
+    it behind (:func:`install_entry` moves it into place).
+
+    Raises:
+        CachePermissionError: the cache's lock folder is not writable by this user.
+    """
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+    lock_path = _tmp_lock_path(tmp)
+    lock = _lock(lock_path)
+    try:
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        lock.acquire()
+    except PermissionError as exc:
+        raise permission_error(Path(exc.filename or lock_path), write=True) from None
+    try:
+        yield tmp
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)  # an error, or never installed
+        lock.release()
+        lock_path.unlink(missing_ok=True)
+
+
+def _abandoned(tmp: Path) -> bool:
+    """Remove ``tmp`` when no preparation holds its lock (killed: the lock went with
+    its process, on whichever host); True when removed. A lock this user cannot open
+    (another user's preparation) leaves the folder alone."""
+    from filelock import Timeout
+
+    lock_path = _tmp_lock_path(tmp)
+    lock = _lock(lock_path, timeout=0.0)
+    try:
+        lock.acquire()
+    except (Timeout, OSError):  # held (a live preparation), or not ours to judge
+        return False
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+    finally:
+        lock.release()
+        lock_path.unlink(missing_ok=True)
+    return True
+
+
 def remove_stale_temporaries(digest: str | None = None,
                              root: Path | None = None) -> list[Path]:
-    """Remove the temporary folders of killed preparations (``<name>.tmp-<pid>`` whose
-    process is gone; every one of entry ``digest``, whose lock the caller holds) in
-    ``root`` (default: the GGUF entries' folder).
+    """Remove the temporary folders of killed preparations in ``root`` (default: the
+    GGUF entries' folder): every one of the entry ``digest`` (whose entry lock the
+    caller holds), and any other whose lock is free (:func:`temporary_folder`; a lock
+    lives in the file system, so this holds across hosts and containers sharing the
+    cache). A folder named by an older locos_tl (``<name>.tmp-<pid>``, no lock) is
+    judged by its process id, as that version did.
 
     Returns:
         The folders removed.
     """
     root = root or cache_root() / "gguf"
     removed = []
-    for tmp in root.glob("*.tmp-*") if root.is_dir() else ():
-        sha, _, pid = tmp.name.partition(".tmp-")
-        if sha == digest or not (pid.isdigit() and _pid_alive(int(pid))):
+    for tmp in sorted(root.glob("*.tmp-*")) if root.is_dir() else ():
+        if not tmp.is_dir():
+            continue
+        name, _, tag = tmp.name.partition(".tmp-")
+        if name == digest:
             shutil.rmtree(tmp, ignore_errors=True)
-            removed.append(tmp)
+            _tmp_lock_path(tmp).unlink(missing_ok=True)
+        elif tag.isdigit():  # an older version's folder: its pid is all there is
+            if _pid_alive(int(tag)):
+                continue
+            shutil.rmtree(tmp, ignore_errors=True)
+        elif not _abandoned(tmp):
+            continue
+        removed.append(tmp)
     return removed
 
 
@@ -176,13 +377,21 @@ def entry_lock(out: Path, lock: str, *, repair: bool, fix: str,
     Raises:
         ModelLoadError: ``out`` is damaged and ``repair`` is off (the message names
             the command ``fix``).
+        CachePermissionError: the lock file (or the cache's folders) belongs to another
+            user and is not writable by this one; a file of ``out`` is not readable by
+            this user (never repaired: the message names the file, its owner and
+            the fix).
     """
-    from filelock import FileLock
-
     locks = cache_root() / "locks"
-    locks.mkdir(parents=True, exist_ok=True)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(locks / f"{lock}.lock")):
+    lock_path = locks / f"{lock}.lock"
+    file_lock = _lock(lock_path)
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        file_lock.acquire()
+    except PermissionError as exc:
+        raise permission_error(Path(exc.filename or lock_path), write=True) from None
+    try:
         remove_stale_temporaries(out.name, out.parent)
         problems = entry_problems(out, verify=repair) if is_prepared(out) else None
         if problems and not repair:
@@ -190,23 +399,34 @@ def entry_lock(out: Path, lock: str, *, repair: bool, fix: str,
         if problems:
             log(f"repairing {out}: {'; '.join(problems)}")
         yield problems != []
+    finally:
+        file_lock.release()
 
 
 def install_entry(tmp: Path, out: Path) -> None:
-    """Move a finished temporary folder into place (a damaged ``out`` is replaced): a
-    directory under an entry's name is always complete."""
+    """Share a finished temporary folder by the umask (:func:`share_by_umask`) and move
+    it into place (a damaged ``out`` is replaced): a directory under an entry's name is
+    always complete."""
+    share_by_umask(tmp)
     if out.exists():
         shutil.rmtree(out)
     tmp.rename(out)
 
 
 def read_source(directory: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """The ``gguf_source.json`` record of a prepared directory, or None when it has none."""
+    """The ``gguf_source.json`` record of a prepared directory, or None when it has none
+    (or an unreadable one).
+
+    Raises:
+        PermissionError: the record or its folder is another user's and not readable.
+    """
     path = Path(directory) / SOURCE_FILE
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text())
+    except PermissionError:
+        raise
     except (OSError, json.JSONDecodeError):
         return None
 
@@ -283,6 +503,9 @@ def prepare_gguf(
             a model transformers would load differently and the difference cannot be
             restored (the field, the architecture and the fix are named); the entry is
             damaged and ``repair`` is False (the files, and the command that repairs it).
+        CachePermissionError: the entry is another user's and not readable by this one,
+            or its lock file is not writable by this one (the file, its owner and the
+            fix; a healthy entry this user can read needs no lock).
     """
     src = Path(path).expanduser().resolve()
     if not src.is_file():
@@ -302,8 +525,7 @@ def prepare_gguf(
         quant = quantization_type(src)
         say(f"dequantizing {src.name} ({quant.get('file_type', '?')}, "
             f"{src.stat().st_size / 1e6:.0f} MB) to float32; once, cached in {out}")
-        tmp = out.with_name(f"{digest}.tmp-{os.getpid()}")
-        try:
+        with temporary_folder(out) as tmp:
             info = _convert(src, tmp, plan)
             record = {
                 "source_file": str(src),
@@ -323,9 +545,6 @@ def prepare_gguf(
             }
             (tmp / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
             install_entry(tmp, out)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
     say(f"prepared {out}")
     return out
 

@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from locos_tl.errors import ModelLoadError
+from locos_tl.models.identity import ModelIdentity, identity_of
 from locos_tl.models.quiet import quiet as _quiet
 
 _DTYPES = {
@@ -71,7 +72,9 @@ def load_model(
         ModelLoadError: the local directory does not exist or lacks ``config.json``;
             the hub name is unknown or unreachable offline; the architecture has no
             TransformerLens adapter; a known real model is not fetched; a GGUF file
-            transformers cannot read.
+            transformers cannot read. Its subclass
+            :class:`~locos_tl.errors.CachePermissionError`: a cached checkpoint is
+            another user's and not readable by this one (whose, and the fix).
     """
     from transformer_lens import TransformerBridge
 
@@ -137,8 +140,10 @@ def _check_architecture(path: Path) -> None:
         )
 
 
-def model_name(model: Any) -> str:
-    """Best-effort name of a bridge's checkpoint (hub name or local path)."""
+def checkpoint_path(model: Any) -> str:
+    """What a bridge was loaded from: its hub name or local directory (for a cached
+    checkpoint, the cache entry's path on this machine); ``"unknown"`` when not
+    recorded. Runs record :func:`model_name` instead."""
     cfg = getattr(model, "cfg", None)
     for attr in ("model_name", "name_or_path"):
         v = getattr(cfg, attr, None)
@@ -146,6 +151,33 @@ def model_name(model: Any) -> str:
             return str(v)
     hf = getattr(model, "original_model", None)
     return str(getattr(getattr(hf, "config", None), "_name_or_path", "unknown"))
+
+
+def model_identity(model: Any) -> ModelIdentity:
+    """The :class:`~locos_tl.models.identity.ModelIdentity` of a bridge's checkpoint:
+    its name and, for a cache entry, its content hashes (never the cache path)."""
+    path = checkpoint_path(model)
+    return ModelIdentity(path) if path == "unknown" else identity_of(path)
+
+
+def model_name(model: Any) -> str:
+    """The name runs record for a bridge's checkpoint: the zoo name of a cached
+    checkpoint (``"smollm2-135m-instruct"``, ``"smollm2-135m-nolima"``; the file name of
+    a GGUF file outside the zoo), else its hub name or local path
+    (:mod:`locos_tl.models.identity`)."""
+    name = model_identity(model).name
+    return str(name) if name is not None else checkpoint_path(model)
+
+
+def model_settings(model: Any) -> dict[str, Any]:
+    """``{"model": name, "model_hashes": {...}}``: the model's identity as run settings
+    record it (``model_hashes`` only for cache entries: ``gguf_sha256``, and
+    ``adapter_sha256`` for an elicited model)."""
+    identity = model_identity(model)
+    out = identity.settings()
+    if identity.name is None:  # a GGUF file outside the zoo, unnamed: where it loaded from
+        out["model"] = checkpoint_path(model)
+    return out
 
 
 def model_dtype(model: Any) -> str:

@@ -25,13 +25,14 @@ from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
-from locos_tl.errors import ModelLoadError
+from locos_tl.errors import CachePermissionError, ModelLoadError
 from locos_tl.models.elicited import ElicitedModel, merge
 from locos_tl.models.gguf_cache import (
     cache_root,
     cached_dir,
     damaged_error,
     entry_problems,
+    grant_read,
     is_gguf_file,
     is_prepared,
     prepare_gguf,
@@ -97,10 +98,15 @@ class RealModel:
     def status(self, *, verify: bool = False) -> str:
         """``"yes"`` (prepared and healthy), ``"damaged: ..."`` (prepared, but a file is
         missing, cut or, with ``verify``, altered: ``locos models fetch`` repairs it),
-        ``"packages only"`` (installed, not yet prepared) or ``"no"``."""
-        if self.prepared:
-            problems = self.problems(verify=verify)
-            return f"damaged: {'; '.join(problems)}" if problems else "yes"
+        ``"not readable: ..."`` (another user's entry this user may not read: the
+        message says whose and how to share it), ``"packages only"`` (installed, not
+        yet prepared) or ``"no"``."""
+        try:
+            if self.prepared:
+                problems = self.problems(verify=verify)
+                return f"damaged: {'; '.join(problems)}" if problems else "yes"
+        except CachePermissionError as exc:
+            return f"not readable: {exc}"
         return "packages only" if self.packages_installed() else "no"
 
 
@@ -235,6 +241,8 @@ def resolve_checkpoint(name_or_path: str | os.PathLike[str]) -> Path | None:
             ``locos models fetch NAME``); a damaged prepared checkpoint (its files, and
             the ``locos models fetch`` command that repairs it); see also
             :func:`prepare_gguf`.
+        CachePermissionError: the prepared checkpoint is another user's and this one
+            may not read it (the file, its owner and the fix; nothing is repaired).
     """
     text = str(name_or_path)
     path = Path(text).expanduser()
@@ -303,18 +311,25 @@ def fetch(name: str, *, log: Callable[[str], None] = print, packages: bool = Fal
     prepared model returns after its files are hashed (about 2 s for SmolLM2); a
     damaged one (:meth:`RealModel.problems`) is prepared again.
 
+    Run by the user who prepared it, it also makes the entry readable as that user's
+    umask allows (:func:`locos_tl.models.gguf_cache.grant_read`; older versions wrote
+    the weights ``0o600``), so other users of a shared cache can load it.
+
     Returns:
         The prepared checkpoint's directory.
 
     Raises:
         ModelLoadError: unknown name; pip failed; the file cannot be converted.
+        CachePermissionError: the prepared entry is another user's and not readable by
+            this one (it is not repaired: the message says whose and how to share it).
     """
     if name in ELICITED_MODELS:
         entry_e = ELICITED_MODELS[name]
         base_dir = fetch(entry_e.base, log=log, packages=packages)
-        return merge(entry_e, base_dir, log=log, repair=True)
+        return grant_read(merge(entry_e, base_dir, log=log, repair=True))
     entry = get_real_model(name)
     if entry.prepared:
+        grant_read(entry.directory)  # the owner's older entry: readable by the umask
         problems = entry.problems(verify=True)
         if not problems and not (packages and not entry.packages_installed()):
             log(f"{name} is already prepared in {entry.directory}")
@@ -341,6 +356,8 @@ def prepare(name: str, *, log: Callable[[str], None] | None = None,
     Raises:
         ModelLoadError: unknown name; its packages are missing or damaged (the GGUF file's
             SHA-256 is not the registry's); transformers cannot convert it.
+        CachePermissionError: the prepared checkpoint, or its lock file, is another
+            user's and not readable (writable) by this one; it is not repaired.
     """
     import importlib
 

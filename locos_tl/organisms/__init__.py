@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
+from locos_tl.models.shipped import SHIPPED_DIR as _SHIPPED
 from locos_tl.organisms.controls import echo_examples, make_echo_trials
 from locos_tl.organisms.tasks import (
     TASKS,
@@ -14,8 +13,6 @@ from locos_tl.organisms.tasks import (
     make_trials,
 )
 
-_SHIPPED = Path(__file__).resolve().parents[2] / "data" / "organisms"
-
 #: The default organism's name: the one `locos demo`, the quick start and the notebooks use.
 ORGANISM_NAME = "retrieval-long"
 
@@ -23,7 +20,7 @@ ORGANISM_NAME = "retrieval-long"
 #: MODEL_CARD.md).
 LONG_ORGANISM: str = str(_SHIPPED / "retrieval-long")
 
-#: The default organism's directory (``data/organisms/<ORGANISM_NAME>``):
+#: The default organism's directory (``organisms_data/<ORGANISM_NAME>`` of the package):
 #: :data:`LONG_ORGANISM`.
 DEFAULT_ORGANISM: str = LONG_ORGANISM
 

@@ -39,7 +39,7 @@ def measure_accuracy(
 
     Returns:
         ``{"synthetic@64": {"literal": a, "nonliteral": b}, ..., "book@64": {...}}``;
-        book entries only when ``book_dir`` (default ``../shared/data/haystack``) exists.
+        book entries only when ``book_dir`` (default: the books shipped with locos_tl) exists.
     """
     out: dict[str, dict[str, float]] = {}
     book = None
@@ -100,7 +100,7 @@ def _long_text(cfg: dict[str, Any]) -> str:
                      "consecutive positions) instead.")
     if cfg.get("p_book"):
         parts.append(f" {cfg['p_book']} of the task rows take their filler from the book "
-                     "text of `../shared/data/haystack`.")
+                     "text shipped with locos_tl (`locos_tl/data/books`).")
     if cfg.get("p_needle_first"):
         parts.append(f" {cfg['p_needle_first']} of the task rows put the needle before every "
                      "other entity (early needles: the longest retrieval distances).")
@@ -140,7 +140,7 @@ def write_card(
         out_dir: checkpoint directory (with ``train_log.json`` from training).
         command: the exact training command, recorded verbatim.
         train_seconds: wall-clock training time.
-        book_dir: book text for the book-filler accuracy (default ``../shared/data/haystack``).
+        book_dir: book text for the book-filler accuracy (default: the shipped books).
         extra_sections: markdown appended at the end (e.g. detector comparisons).
         extra_json: more keys for ``ground_truth.json`` (e.g. detector results).
         reuse: take accuracies and ground truth from an existing ``ground_truth.json``
@@ -296,7 +296,7 @@ other seeds. Wall clock: {_secs(train_seconds)}."""
 A {mc.num_hidden_layers}-layer `Qwen3ForCausalLM` with planted *literal* and *non-literal*
 retrieval heads for two retrieval tasks in one context format: ground truth for
 retrieval-head detectors (LOCOS, arXiv 2607.01002, and the Wu copy score, arXiv 2404.15574).
-Built by `locos_tl.organisms` (issue 4).
+Built by `locos_tl.organisms`.
 
 {origin}
 
@@ -349,12 +349,12 @@ the head's slice of the `o_proj` input.
 {grow('nonliteral_writer')}
 {grow('prev_token')}
 
-Role criteria: patching the head's output from the clean into the corrupted run (literal:
-needle landmark swapped; non-literal: needle name swapped) recovers >= 0.1 of the logit
-difference; literal copy heads must also put >= 0.5 of their attention on the needle landmark
-at literal questions; non-literal writers must attend more to the needle landmark than to the
-needle name; previous-token movers are layer-0 heads with previous-token attention >= 0.4 from
-landmark positions.
+Role criteria: the clean run's `hook_z` of one head, patched into the corrupted run at
+every position (literal: needle landmark swapped; non-literal: needle name swapped),
+recovers >= 0.1 of the logit difference; literal copy heads must also put >= 0.5 of
+their attention on the needle landmark at literal questions; non-literal writers must
+attend more to the needle landmark than to the needle name; previous-token movers are
+layer-0 heads with previous-token attention >= 0.4 from landmark positions.
 
 ### Activation patching, fraction of logit difference recovered (clean -> corrupted, all positions)
 Literal (needle landmark swapped):

@@ -39,7 +39,8 @@ class ElicitConfig:
     Attributes:
         base: a zoo name or checkpoint directory (the pretrained model).
         needle_set: training needle set (shipped name or file); never the evaluation set.
-        haystacks: training books (paths).
+        haystacks: training books: names of books shipped with locos_tl
+            (:func:`locos_tl.data.packaged.book_names`) or paths of text files.
         steps: optimizer steps (one trial each, batch 1).
         lr: peak AdamW learning rate (linear warm-up, cosine decay to 10 %).
         warmup: warm-up steps.
@@ -58,7 +59,7 @@ class ElicitConfig:
 
     base: str = "smollm2-135m-instruct"
     needle_set: str = "everyday_train"
-    haystacks: tuple[str, ...] = ("../shared/data/haystack/dracula_part1.txt",)
+    haystacks: tuple[str, ...] = ("dracula_part1",)
     steps: int = 2400
     lr: float = 2e-4
     warmup: int = 50
@@ -269,7 +270,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     torch.manual_seed(cfg.seed)
     base_dir = base_directory(cfg.base)
     tok = AutoTokenizer.from_pretrained(base_dir)
-    hay = lt.load_haystacks(cfg.haystacks)
+    hay = lt.load_haystacks([_book(h) for h in cfg.haystacks])
     train_entries, val_entries = split_entries(lt.load_needle_set(cfg.needle_set),
                                                cfg.n_validation)
     builder = PromptBuilder(tok)
@@ -294,6 +295,13 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
               "threads": torch.get_num_threads(), **result}
     (out / "elicit.json").write_text(json.dumps(record, indent=1) + "\n")
     return adapter
+
+
+def _book(name_or_path: str) -> Path:
+    """A shipped book by name (``dracula_part1``), else a path."""
+    from locos_tl.data.packaged import book_names, book_path
+
+    return book_path(name_or_path) if name_or_path in book_names() else Path(name_or_path)
 
 
 def _sha(path: Path) -> str:

@@ -4,7 +4,7 @@ For every length ``T`` this module re-runs the causal criteria of
 :func:`locos_tl.organisms.analysis.ground_truth` on fresh prompts of ``T`` tokens (roles
 found at ``T``), ablates the *documented* role sets (those of the card's primary length)
 at ``T``, and scores heads with LOCOS and the Wu copy score through the library
-(:func:`locos_tl.score_trials`), so the card can state at which lengths the documented
+(:func:`locos_tl.score_methods`), so the card can state at which lengths the documented
 ground truth holds:
 
 - the non-literal writers attend to the needle landmark and write the name (patching);
@@ -196,7 +196,7 @@ Documented non-literal writers: {_fmt(documented.nonliteral_writer)}; literal co
 {_fmt(documented.literal_copy)}. At each length, {first['n_prompts_per_task']} fresh prompts
 per task (seed {first['seed']}): the causal criteria re-run from scratch (writers found by
 patching at that length), the documented writers zero-ablated, and LOCOS / Wu scored by
-`locos_tl.score_trials` on non-literal trials. Criteria: writers put >= 0.5 of their
+`locos_tl.score_methods` on non-literal trials. Criteria: writers put >= 0.5 of their
 attention on the needle landmark, are found again by patching, their ablation drops
 non-literal accuracy by >= {NONLIT_DROP_MIN} while literal stays >= {LITERAL_KEEP_MIN}, Wu
 gives them |score| <= 0.05, LOCOS ranks them near the top.

@@ -114,7 +114,7 @@ class BookFiller:
     become ``<unk>`` (entity words cannot occur: entities are capitalised tokens).
 
     Args:
-        paths: text files (e.g. ``../shared/data/haystack/*.txt``).
+        paths: text files (e.g. the shipped books of :func:`default_book_dir`).
 
     Raises:
         FileNotFoundError: no path exists or the files hold no words.
@@ -159,8 +159,14 @@ class BookFiller:
 
 
 def default_book_dir() -> Path:
-    """``../shared/data/haystack`` relative to the repository root (may not exist)."""
-    return Path(__file__).resolve().parents[2].parent / "shared" / "data" / "haystack"
+    """The public-domain books shipped with locos_tl (:func:`locos_tl.data.packaged.book_dir`).
+
+    Raises:
+        PackagedDataError: a packaged book is missing or damaged.
+    """
+    from locos_tl.data.packaged import book_dir
+
+    return book_dir()
 
 
 def make_example(
@@ -328,14 +334,18 @@ def induction_batch(rng: np.random.Generator, batch_size: int, total: int,
 
 
 def example_to_trial(ex: Example, meta: dict | None = None) -> Trial:
-    """Wrap an :class:`Example` as a :class:`~locos_tl.trials.Trial` (needle = the pair)."""
+    """Wrap an :class:`Example` as a :class:`~locos_tl.trials.Trial` (needle = the pair),
+    marked with the organism vocabulary's tokenizer fingerprint
+    (:func:`locos_tl.organisms.vocab.tokenizer_identity`): it runs on the organisms only."""
     vl = V.vocab_list()
     words = [vl[i] for i in ex.ids[1:]]
     m = {"task": ex.task, "name": ex.name, "landmark": ex.landmark, "city": ex.city,
          "n_tokens": len(ex.ids), "query_start": len(ex.ids) - 2}  # the `Q` token
     m.update(meta or {})
+    tok = V.tokenizer_identity()
     return Trial(tokens=tuple(ex.ids), needle_span=ex.needle_span, answer=vl[ex.answer_id],
-                 prompt=" ".join(words), meta=m)
+                 prompt=" ".join(words), meta=m, tokenizer_fingerprint=tok.fingerprint,
+                 tokenizer_name=tok.name)
 
 
 def make_trials(
@@ -363,7 +373,9 @@ def make_trials(
             (synthetic filler).
 
     Returns:
-        ``n`` trials; ``meta`` holds task, name, landmark, city, n_tokens, filler.
+        ``n`` trials; ``meta`` holds task, name, landmark, city, n_tokens, filler. The
+        ids are the organism vocabulary's, and the trials carry its tokenizer
+        fingerprint: scoring them on another model (SmolLM2, say) raises ``TrialError``.
 
     Raises:
         FileNotFoundError: ``book`` is a path without text.

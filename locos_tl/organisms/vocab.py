@@ -16,6 +16,8 @@ from importlib import resources
 from typing import Any
 
 PAD, UNK, BOS, EOS, QMARK = "<pad>", "<unk>", "<s>", "</s>", "Q"
+#: The human name trials built from this vocabulary record (:func:`tokenizer_identity`).
+TOKENIZER_NAME = "locos_tl organism vocabulary"
 SPECIALS: tuple[str, ...] = (PAD, UNK, BOS, EOS, QMARK)
 
 #: Character names (the non-literal answers). Capitalised, one token each; chosen to
@@ -105,7 +107,8 @@ def build_tokenizer() -> Any:
     (``add_special_tokens=True``) and decodes by joining words with single spaces.
 
     Returns:
-        ``transformers.PreTrainedTokenizerFast`` with bos/eos/unk/pad tokens set.
+        ``transformers.PreTrainedTokenizerFast`` with bos/eos/unk/pad tokens set, named
+        :data:`TOKENIZER_NAME` (``name_or_path``; not written by ``save_pretrained``).
     """
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
     from transformers import PreTrainedTokenizerFast
@@ -117,7 +120,7 @@ def build_tokenizer() -> Any:
         single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, vocab[BOS])]
     )
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)
-    return PreTrainedTokenizerFast(
+    out = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
         eos_token=EOS,
@@ -125,3 +128,20 @@ def build_tokenizer() -> Any:
         pad_token=PAD,
         clean_up_tokenization_spaces=False,
     )
+    out.name_or_path = TOKENIZER_NAME
+    return out
+
+
+@lru_cache(maxsize=1)
+def tokenizer_identity() -> Any:
+    """The fingerprint and name of the organism vocabulary's tokenizer
+    (:func:`locos_tl.tokenize.tokenizer_identity` of :func:`build_tokenizer`): the
+    fingerprint every organism checkpoint's saved tokenizer has, and the one organism
+    trials (:func:`locos_tl.organisms.make_trials`) record.
+
+    Returns:
+        a :class:`locos_tl.tokenize.TokenizerIdentity`.
+    """
+    from locos_tl.tokenize import tokenizer_identity as identity
+
+    return identity(build_tokenizer())

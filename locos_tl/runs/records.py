@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from locos_tl.errors import LocosError
+from locos_tl.models.identity import HASHES_KEY, recorded_identity, same_model
 
 RECORDS_FILE = "trials.jsonl"
 META_FILE = "meta.json"
@@ -44,7 +45,12 @@ class RecordStore:
         settings: the run's settings; a directory holding records written under other
             settings (``check_keys``) or over another trial set (``trial_set_hash``,
             always checked when both runs record it) is refused rather than mixed.
-        check_keys: which settings must match for resuming.
+        check_keys: which settings must match for resuming. ``"model"`` compares the
+            model's identity (name and content hashes, ``model_hashes``;
+            :func:`locos_tl.models.identity.same_model`), not where it sits: a run
+            made under another cache root or on another machine resumes, and one
+            recorded with a cache path (before identities were) is read as the
+            identity that path encodes.
         extend_to: the trial ids of the run now (opt-in growth): a directory over
             another trial set is taken over when every trial its records name
             (``trial_field``) is among these, so a run grows from 20 to 60 trials
@@ -82,9 +88,14 @@ class RecordStore:
                     f"one given now (trial-set hash {new_hash}, "
                     f"{settings.get('n_trials', '?')} trials); {way_out}"
                 )
-            diff = [k for k in check_keys if k in old and old[k] != settings.get(k)]
-            if diff:
-                detail = ", ".join(f"{k}: {old[k]!r} != {settings.get(k)!r}" for k in diff)
+            diff = [k for k in check_keys if k in old and old[k] != settings.get(k)
+                    and k not in ("model", HASHES_KEY)]  # the model: by identity
+            details = [f"{k}: {old[k]!r} != {settings.get(k)!r}" for k in diff]
+            if "model" in check_keys and "model" in old and not same_model(old, settings):
+                details.insert(0, f"model: {recorded_identity(old)} != "
+                                  f"{recorded_identity(settings)}")
+            if details:
+                detail = ", ".join(details)
                 raise LocosError(
                     f"{self.dir} holds a run with other settings ({detail}); {way_out}"
                 )

@@ -42,7 +42,7 @@ from locos_tl.runs.trial import (  # noqa: F401
     run_trial,
     trial_record,
 )
-from locos_tl.trials import Trial, as_trial_list, trial_set_hash
+from locos_tl.trials import Trial, as_trial_list, check_trials_tokenizer, trial_set_hash
 
 RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold", "stop_rule",
                "thinking")
@@ -52,14 +52,18 @@ def run_settings(
     model: str, dtype: str, *, variant: str, methods: Sequence[str], max_new_tokens: int,
     gate_threshold: float, seed: int, trials: Sequence[Trial],
     stop_rule: str = "newline_token", thinking: bool = True,
-    spans: dict[str, str] | None = None,
+    spans: dict[str, str] | None = None, model_hashes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """The settings recorded in ``meta.json``; :data:`RESUME_KEYS` of them must match for
     a run directory to be resumed (single-process and distributed runs alike).
     ``spans`` (method -> span name) is recorded, not a resume key: a record made with
-    another span for a method reruns (:func:`finished_record`)."""
+    another span for a method reruns (:func:`finished_record`). ``model`` is the
+    model's name and ``model_hashes`` its content hashes (recorded when given; the
+    ``model`` key compares both: :mod:`locos_tl.models.identity`)."""
+    hashes = {"model_hashes": dict(model_hashes)} if model_hashes else {}
     return {
         "model": model,
+        **hashes,
         "dtype": dtype,
         "variant": variant,
         "methods": list(methods),
@@ -117,9 +121,15 @@ def check_spans(spans: dict[str, str] | None, methods: Sequence[str]) -> dict[st
 def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
     """Fail before any work when a trial cannot run on ``model``.
 
+    The one entry check of scoring, ablation and teacher-forced sweeps and patching.
+    Trials built by another tokenizer than the model's are refused first
+    (:func:`locos_tl.trials.check_trials_tokenizer`; trials without a tokenizer
+    fingerprint run, with one warning).
+
     Raises:
-        TrialError: a prompt (+ ``max_new_tokens``) exceeds ``n_ctx``, a token id is
-            outside the vocabulary, or a needle span lies outside its prompt.
+        TrialError: a trial built by another tokenizer (the message names both), a
+            prompt (+ ``max_new_tokens``) longer than ``n_ctx``, a token id outside the
+            vocabulary, or a needle span outside its prompt.
     """
     n_ctx = getattr(model.cfg, "n_ctx", None)
     d_vocab = int(model.cfg.d_vocab)
@@ -127,6 +137,8 @@ def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -
         if not isinstance(t, Trial):
             raise TrialError(f"trials[{i}] is a {type(t).__name__}, not a Trial (build "
                              "trials with locos_tl.build_*_trials, Trial(...) or load_trials)")
+    check_trials_tokenizer(model, trials)
+    for i, t in enumerate(trials):
         if n_ctx and t.n_tokens + max_new_tokens - 1 > n_ctx:
             raise TrialError(
                 f"trial {i} ({t.trial_id}): prompt of {t.n_tokens} tokens + {max_new_tokens} "
@@ -251,7 +263,8 @@ class ScoringRun:
         options: the checked run (:func:`check_run_options`).
         model: the bridge, or any object with the workers' model ``cfg`` (``n_layers``,
             ``n_heads``, ``n_ctx``, ``d_vocab``).
-        model_name, dtype: recorded in the settings (:func:`run_settings`).
+        model_name, dtype, model_hashes: recorded in the settings (:func:`run_settings`;
+            :func:`locos_tl.models.load.model_settings` gives the name and hashes).
         out_dir: the run directory (:mod:`locos_tl.runs.rundir`); None: nothing is written.
 
     Raises:
@@ -261,7 +274,8 @@ class ScoringRun:
     """
 
     def __init__(self, options: RunOptions, model: Any, *, model_name: str, dtype: str,
-                 out_dir: str | Path | None = None) -> None:
+                 out_dir: str | Path | None = None,
+                 model_hashes: dict[str, str] | None = None) -> None:
         o = self.options = options
         self.model = model
         check_trials_fit(model, o.trials, o.max_new_tokens)
@@ -269,7 +283,8 @@ class ScoringRun:
         self.settings = run_settings(
             model_name, dtype, variant=o.variant, methods=o.methods,
             max_new_tokens=o.max_new_tokens, gate_threshold=o.gate_threshold, seed=o.seed,
-            trials=o.trials, stop_rule=o.stop_rule, thinking=o.thinking, spans=o.spans)
+            trials=o.trials, stop_rule=o.stop_rule, thinking=o.thinking, spans=o.spans,
+            model_hashes=model_hashes)
         self.store = (RecordStore(out_dir, self.settings, RESUME_KEYS)
                       if out_dir is not None else None)
         self.meta: dict[str, Any] = {"settings": self.settings}

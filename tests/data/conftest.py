@@ -1,4 +1,4 @@
-"""Fixtures for the data-layer tests (tokenizers trained on the shared books, needle
+"""Fixtures for the data-layer tests (tokenizers trained on the shipped books, needle
 sets and probe files written by the tests; see ``trialdata_helpers``)."""
 
 from __future__ import annotations
@@ -7,13 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from trialdata_helpers import BOOKS, SHARED_DATA, get_tokenizer, needle_set_entries  # noqa: E402
+from trialdata_helpers import BOOKS, get_tokenizer, needle_set_entries  # noqa: E402
 
 
 @pytest.fixture(scope="session")
 def shared_books() -> list[Path]:
-    if len(BOOKS) < 1:
-        pytest.skip(f"shared haystack books not found under {SHARED_DATA}")
+    assert len(BOOKS) == 3, BOOKS  # the three books shipped with locos_tl
     return BOOKS
 
 

@@ -43,8 +43,6 @@ def test_build_nolima(tok_dir, needle_set_file, shared_books, tmp_path):
 
 
 def test_build_niah(tok_dir, shared_books, tmp_path):
-    if not NIAH_FILE.is_file():
-        pytest.skip("shared NIAH probes not found")
     out = tmp_path / "niah.jsonl"
     res = CliRunner().invoke(app, [
         "build-trials", "niah", "--needles", str(NIAH_FILE),

@@ -16,8 +16,6 @@ from locos_tl.errors import DataFormatError
 
 @pytest.fixture(scope="module")
 def shared_probes():
-    if not NIAH_FILE.is_file():
-        pytest.skip(f"{NIAH_FILE} not found")
     return load_niah_probes(NIAH_FILE)
 
 

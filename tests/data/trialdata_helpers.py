@@ -1,4 +1,4 @@
-"""Helpers for the data-layer tests: two tokenizers trained here on the shared books
+"""Helpers for the data-layer tests: two tokenizers trained here on the shipped books
 (byte-level BPE as in Qwen / Llama 3, and SentencePiece-style BPE with ``▁`` and byte
 fallback as in Gemma), and needle sets / probe files written by the tests themselves.
 """
@@ -6,15 +6,14 @@ fallback as in Gemma), and needle sets / probe files written by the tests themse
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-import pytest
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 from transformers import PreTrainedTokenizerFast
 
-SHARED_DATA = Path(__file__).resolve().parents[2] / ".." / "shared" / "data"
-BOOKS = sorted((SHARED_DATA / "haystack").glob("*.txt")) if SHARED_DATA.is_dir() else []
-NIAH_FILE = SHARED_DATA / "niah_needles.jsonl"
+from locos_tl.data.packaged import book_dir, niah_probes_path
+
+BOOKS = sorted(book_dir().glob("*.txt"))  # the books shipped with locos_tl
+NIAH_FILE = niah_probes_path()
 
 # Qwen3-like template: honours enable_thinking=False with an empty think block.
 QWEN_CHAT = (
@@ -89,8 +88,6 @@ _TOKENIZERS: dict[str, PreTrainedTokenizerFast] = {}
 
 def get_tokenizer(kind: str) -> PreTrainedTokenizerFast:
     """Session cache of the trained tokenizers (also usable inside hypothesis tests)."""
-    if not BOOKS:
-        pytest.skip(f"shared haystack books not found under {SHARED_DATA}")
     if kind not in _TOKENIZERS:
         _TOKENIZERS[kind] = {"bytelevel": _bytelevel, "metaspace": _metaspace}[kind]()
     return _TOKENIZERS[kind]

@@ -87,7 +87,6 @@ def book():
     return BookFiller.from_dir(default_book_dir())
 
 
-@pytest.mark.skipif(not default_book_dir().is_dir(), reason="book haystack absent")
 @pytest.mark.parametrize("n_tokens", [64, 128])
 def test_accuracy_book_filler(hf, book, n_tokens):
     for task in TASKS:

@@ -26,7 +26,7 @@ from locos_tl.experiments.compress.generate import (
     prefill_context,
     query_start_of,
 )
-from locos_tl.trials import as_trial_list
+from locos_tl.trials import as_trial_list, check_trials_tokenizer
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
 
@@ -126,13 +126,16 @@ def compression_sweep(
         the trial's ``meta["task"]``, ``"(no task)"`` when it has none.
 
     Raises:
-        TrialError: a trial without ``query_start``.
+        TrialError: a trial without ``query_start``; a trial built by another tokenizer
+            than the model's (:func:`~locos_tl.trials.check_trials_tokenizer`, before any
+            prefill).
         LocosError: unknown built-in ranking, a ranking of the wrong shape, a fraction
             outside ``(0, 1]`` or none (:func:`~locos_tl.experiments.compress.fractions.
             check_fractions`), a model compressed decoding cannot run (learned attention
             sinks, no HF twin).
     """
     trials = as_trial_list(trials, "compression_sweep")
+    check_trials_tokenizer(model, trials)
     if isinstance(include, str):
         include = (include,)
     L, H, n_kv = n_heads_of(model)

@@ -16,7 +16,8 @@ from locos_tl.experiments.protocol.common import _floats, _ints
 
 
 def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> Any:
-    import locos_tl as lt
+    from locos_tl.experiments.compare import compare_rankings
+    from locos_tl.experiments.patching import patch_heads
 
     trials = util._load(out / "trials" / "detect_onehop.jsonl")
     accepted = _accepted(out / "detect", "locos")
@@ -26,14 +27,14 @@ def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any
         return None
     cri = saved_cri(model, args, out, subset)
     if cri is None:
-        cri = lt.patch_heads(model, subset, out_dir=out / "patch",
-                             max_new_tokens=args.max_new_tokens, extend=True)  # --n-cri grows
+        cri = patch_heads(model, subset, out_dir=out / "patch",
+                          max_new_tokens=args.max_new_tokens, extend=True)  # --n-cri grows
         cri.save(out / "heads" / "cri")
     n = int(model.cfg.n_layers) * int(model.cfg.n_heads)
     ks = tuple(k for k in (5, 10, 20, 50) if k <= n)
     for name in ("locos", "wu", "dla", "attention_spatial", "headkv"):
         if name in scores and scores[name].n_trials:
-            agree = lt.compare_rankings(scores[name], cri, ks=ks)
+            agree = compare_rankings(scores[name], cri, ks=ks)
             agree.to_csv(out / "patch" / f"agreement_{name}_cri.csv", index=False)
     return cri
 
@@ -46,8 +47,9 @@ def saved_cri(model: Any, args: argparse.Namespace, out: Path, subset: list[Any]
     this its patch stage would patch every head on every trial again (hours on a CPU) to
     get the same numbers. A larger ``--n-cri`` still needs the records (or patches every
     trial again)."""
-    import locos_tl as lt
-    from locos_tl.models.load import model_dtype, model_name
+    from locos_tl.heads import HeadScores
+    from locos_tl.models.identity import same_model
+    from locos_tl.models.load import model_dtype, model_settings
     from locos_tl.runs.records import read_records
     from locos_tl.trials import trial_set_hash
 
@@ -56,11 +58,13 @@ def saved_cri(model: Any, args: argparse.Namespace, out: Path, subset: list[Any]
         return None
     if {t.trial_id for t in subset} <= read_records(out / "patch").keys():
         return None  # patch_heads reuses its own records
-    cri = lt.HeadScores.load(path)
+    cri = HeadScores.load(path)
     got = cri.meta.get("settings", {})
-    want = {"model": model_name(model), "dtype": model_dtype(model),
-            "max_new_tokens": args.max_new_tokens, "trial_set_hash": trial_set_hash(subset)}
+    want = {"dtype": model_dtype(model), "max_new_tokens": args.max_new_tokens,
+            "trial_set_hash": trial_set_hash(subset)}
     if {k: got.get(k) for k in want} != want:  # the hash covers every trial, in order
+        return None
+    if not same_model(got, model_settings(model)):  # by name and hashes, not path
         return None
     print(f"patch: CRI over {len(subset)} trials reused from {path} "  # noqa: T201
           "(its per-trial patching records are not in this run)")

@@ -4,7 +4,7 @@ Stages (each writes under ``--out`` and is skipped or resumed when rerun):
 
 1. ``trials``: detection and evaluation trials from the shipped ``everyday`` needle set,
    kept disjoint: detection uses ``--detect-haystack`` (default: the prose haystack
-   shipped with locos_tl, which names no people; ``dracula`` for the shared book), the
+   shipped with locos_tl, which names no people; ``dracula`` for a shipped book), the
    even-indexed names of every entry's character set and seed 101; evaluation uses
    *The Last of the Mohicans* (both parts), the odd-indexed names and seed 202. NIAH
    trials (the Wu et al. probes) on the detection haystack for "Wu on NIAH". Parametric
@@ -82,12 +82,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
     ap.add_argument("--needle-set", default="everyday")
     ap.add_argument("--template", choices=("chat", "completion"), default="chat")
-    ap.add_argument("--data-dir", default="../shared/data",
-                    help="folder with haystack/*.txt and niah_needles.jsonl")
+    ap.add_argument("--data-dir", default=None,
+                    help="folder with haystack/*.txt and niah_needles.jsonl (default: the "
+                         "copies shipped with locos_tl)")
     ap.add_argument("--stages", default=",".join(STAGES))
     ap.add_argument("--detect-length", type=int, default=1000)
     ap.add_argument("--detect-haystack", default="prose",
-                    help="detection book: dracula (shared), prose (shipped, no named "
+                    help="detection book: dracula (shipped), prose (shipped, no named "
                          "people) or a text file; evaluation always uses Mohicans")
     ap.add_argument("--distractors", type=int, default=0,
                     help="distractor needles (other entries, other characters) in every "
@@ -137,7 +138,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def main(argv: list[str] | None = None) -> int:
-    import locos_tl as lt
+    from locos_tl.models.load import load_model, model_settings
 
     args = parse_args(argv)
     out = Path(args.out)
@@ -153,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
                              "the trial files are rebuilt here, not copied")
         copied = resume_from(Path(args.resume_from), out)
         print(f"resume: {len(copied)} file(s) copied from {args.resume_from}")  # noqa: T201
-    model = lt.load_model(args.model, dtype=args.dtype, device=args.device)
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    # the model's content hashes beside its name (never the cache path it loaded from)
+    args.model_hashes = model_settings(model).get("model_hashes")
+    (out / "args.json").write_text(json.dumps(vars(args), indent=1))
     timings: dict[str, float] = {}
     scores: dict[str, Any] | None = None
     means = None

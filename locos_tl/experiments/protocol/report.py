@@ -24,8 +24,9 @@ from locos_tl.experiments.protocol.tables import (
 
 
 def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> None:
-    import locos_tl as lt
+    from locos_tl import plot
     from locos_tl.experiments.evaluate import dissociation_score
+    from locos_tl.heads import head_label
 
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
@@ -50,12 +51,17 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     paired = [paired_table(v).assign(question=q, length=n) for (q, n), v in values.items()]
     if paired:
         pd.concat(paired, ignore_index=True).to_csv(out / "paired.csv", index=False)
-    summary: dict[str, Any] = {"model": args.model, "n_layers": L, "n_heads": H,
+    from locos_tl.models.load import model_settings
+
+    identity = model_settings(model)  # name and content hashes, never a cache path
+    if identity["model"] == "unknown":  # a bridge that records no checkpoint
+        identity = {"model": args.model}
+    summary: dict[str, Any] = {**identity, "n_layers": L, "n_heads": H,
                                "preset": args.preset, "settings": vars(args)}
     for name, hs in scores.items():
         summary.setdefault("n_accepted", {})[name] = int(hs.n_trials)
         if hs.n_trials:
-            summary.setdefault("top10", {})[name] = [lt.head_label(*h) for h in hs.top_k(10)]
+            summary.setdefault("top10", {})[name] = [head_label(*h) for h in hs.top_k(10)]
             hs.save(out / "heads" / name)  # head_scores.json, heads.json, scores.csv
     window = _sliding_layers(model)
     if window is not None:
@@ -79,8 +85,8 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
         if set(ev["method"]) <= {"baseline"}:  # nothing run yet, or --methods baseline
             continue
         # k on a log axis: 1, 5, 10, 20, 50 spread out; the baseline is a dashed line
-        fig = lt.plot.ablation_curves(ev, metrics=["rougeL", "contains"], log_x=True,
-                                      title=f"{args.model}: {qtype} at {at} tokens")
+        fig = plot.ablation_curves(ev, metrics=["rougeL", "contains"], log_x=True,
+                                   title=f"{args.model}: {qtype} at {at} tokens")
         _write(fig, figs / f"ablation_{qtype}_{at}")
         if at != length:
             continue
@@ -100,17 +106,17 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
             sub = ds[(ds["question"] == qtype) & (ds["control"] == "parametric")
                      & (ds["retrieval_metric"] == "contains")]
             if not sub.empty and sub["ds"].notna().any():
-                _write(lt.plot.dissociation(sub, title=f"{args.model}: DS(k), {qtype} vs "
-                                            "parametric (contains)"),
+                _write(plot.dissociation(sub, title=f"{args.model}: DS(k), {qtype} vs "
+                                         "parametric (contains)"),
                        figs / f"dissociation_{qtype}")
     for name in ("locos", "wu", "wu_niah"):
         if name in scores and scores[name].n_trials:
-            _write(lt.plot.head_heatmap(scores[name], title=f"{args.model}: {name}"),
+            _write(plot.head_heatmap(scores[name], title=f"{args.model}: {name}"),
                    figs / f"heatmap_{name}")
     valid = [scores[m] for m in ("locos", "wu_niah", "wu") if m in scores
              and scores[m].n_trials]
     if valid:
-        _write(lt.plot.layer_distribution(valid, k=min(20, L * H)),
+        _write(plot.layer_distribution(valid, k=min(20, L * H)),
                figs / "layer_distribution")
     for agree in sorted((out / "patch").glob("agreement_*_cri.csv")):
         name = agree.stem.removeprefix("agreement_").removesuffix("_cri")
@@ -119,7 +125,7 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     comp = out / "compress" / "compression.csv"
     if comp.exists():
         df = pd.read_csv(comp)
-        _write(lt.plot.compression_curves(df, y="answer_correct"), figs / "compression")
+        _write(plot.compression_curves(df, y="answer_correct"), figs / "compression")
         compression_accuracy(df).to_csv(out / "compress" / "accuracy.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(head.to_string(index=False))  # noqa: T201

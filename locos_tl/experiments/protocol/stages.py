@@ -24,44 +24,53 @@ from locos_tl.experiments.protocol.common import (
 
 
 def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
-    import locos_tl as lt
+    from locos_tl.data import (
+        build_arithmetic_trials,
+        build_niah_trials,
+        build_nolima_trials,
+        build_parametric_trials,
+        expand_needle_set,
+        load_haystacks,
+        load_needle_set,
+        load_niah_probes,
+    )
     from locos_tl.data.hub import load_tokenizer
+    from locos_tl.data.packaged import resolve_data_dir
     from locos_tl.data.prompt import PromptBuilder
 
     tok = load_tokenizer(args.model)  # the checkpoint's own tokenizer, as the CLI builds
-    data = Path(args.data_dir)
-    books = data / "haystack"
-    detect_hay = lt.load_haystacks([_detect_haystack(args, books)])
-    eval_hay = lt.load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
-    entries = lt.load_needle_set(args.needle_set)
+    books, niah_file = resolve_data_dir(args.data_dir)  # None: the packaged copies
+    detect_hay = load_haystacks([_detect_haystack(args, books)])
+    eval_hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
+    entries = load_needle_set(args.needle_set)
     chat = args.template == "chat"
     builder = PromptBuilder(tok)
     # chat models: NoLiMa's chat-style task template; base models: the completion one
     kw = {"template": "completion" if args.template == "completion" else "default",
           "distractors": getattr(args, "distractors", 0)}
     for qtype in ("onehop", "direct"):
-        items = lt.expand_needle_set(entries, [qtype])
-        det = lt.build_nolima_trials(
+        items = expand_needle_set(entries, [qtype])
+        det = build_nolima_trials(
             tok, [_names(i, 0) for i in items], detect_hay, lengths=[args.detect_length],
             depths=DETECT_DEPTHS, num_examples=args.n_detect, chat_template=chat,
             seed=DETECT_SEED, builder=builder, **kw)
         util._save(det, out / "trials" / f"detect_{qtype}.jsonl")
         for length in _ints(args.eval_lengths):
-            ev = lt.build_nolima_trials(
+            ev = build_nolima_trials(
                 tok, [_names(i, 1) for i in items], eval_hay, lengths=[length],
                 depths=EVAL_DEPTHS, num_examples=args.n_eval, chat_template=chat,
                 seed=EVAL_SEED, builder=builder, **kw)
             util._save(ev, out / "trials" / f"eval_{qtype}_{length}.jsonl")
-    probes = lt.load_niah_probes(data / "niah_needles.jsonl")
-    niah = lt.build_niah_trials(tok, probes, detect_hay, lengths=[args.detect_length],
-                                depths=DETECT_DEPTHS, num_examples=args.n_niah,
-                                chat_template=chat, seed=DETECT_SEED, builder=builder)
+    probes = load_niah_probes(niah_file)
+    niah = build_niah_trials(tok, probes, detect_hay, lengths=[args.detect_length],
+                             depths=DETECT_DEPTHS, num_examples=args.n_niah,
+                             chat_template=chat, seed=DETECT_SEED, builder=builder)
     util._save(niah, out / "trials" / "detect_niah.jsonl")
     n_ctx = int(model.cfg.n_ctx)
-    par = lt.build_parametric_trials(tok, n=args.n_control, seed=EVAL_SEED,
-                                     chat_template=chat, n_ctx=n_ctx)
-    ari = lt.build_arithmetic_trials(tok, n=args.n_control, seed=EVAL_SEED,
-                                     chat_template=chat, n_ctx=n_ctx)
+    par = build_parametric_trials(tok, n=args.n_control, seed=EVAL_SEED,
+                                  chat_template=chat, n_ctx=n_ctx)
+    ari = build_arithmetic_trials(tok, n=args.n_control, seed=EVAL_SEED,
+                                  chat_template=chat, n_ctx=n_ctx)
     util._save(par, out / "trials" / "control_parametric.jsonl")
     util._save(ari, out / "trials" / "control_arithmetic.jsonl")
     # calibration text: raw book text from the evaluation books (no template, no BOS)
@@ -110,7 +119,7 @@ def _trials_changed(out: Path, args: argparse.Namespace) -> bool:
 
 
 def _detect_haystack(args: argparse.Namespace, books: Path) -> Path:
-    """``--detect-haystack``: ``dracula`` (the shared book), ``prose`` (the self-written
+    """``--detect-haystack``: ``dracula`` (a shipped book), ``prose`` (the self-written
     haystack shipped with locos_tl, no named people) or a file."""
     if args.detect_haystack == "dracula":
         return books / "dracula_part1.txt"
@@ -122,15 +131,15 @@ def _detect_haystack(args: argparse.Namespace, books: Path) -> Path:
 
 
 def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
-    import locos_tl as lt
+    from locos_tl.experiments.score import score_methods
 
     trials = util._load(out / "trials" / "detect_onehop.jsonl")
-    res = lt.score_methods(model, trials, methods=list(DETECTORS), out_dir=out / "detect",
-                           max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+    res = score_methods(model, trials, methods=list(DETECTORS), out_dir=out / "detect",
+                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
     niah = util._load(out / "trials" / "detect_niah.jsonl")
-    wu_niah = lt.score_methods(model, niah, methods=["wu"], out_dir=out / "detect_niah",
-                               max_new_tokens=args.niah_max_new_tokens,
-                               batch_size=args.batch_size)
+    wu_niah = score_methods(model, niah, methods=["wu"], out_dir=out / "detect_niah",
+                            max_new_tokens=args.niah_max_new_tokens,
+                            batch_size=args.batch_size)
     res = dict(res)
     res["wu_niah"] = wu_niah["wu"]
     return res
@@ -145,14 +154,14 @@ def load_rankings(out: Path) -> dict[str, Any]:
 
 
 def calibrate(model: Any, args: argparse.Namespace, out: Path) -> Any:
-    import locos_tl as lt
+    from locos_tl.engine.ablation import AblationMeans, calibrate_means
 
     path = out / "means.safetensors"
     if path.exists():
-        return lt.AblationMeans.load(path)
+        return AblationMeans.load(path)
     prompts = json.loads((out / "trials" / "calibration.json").read_text())
-    means = lt.calibrate_means(model, prompts, max_tokens=args.calibration_tokens,
-                               progress=True)
+    means = calibrate_means(model, prompts, max_tokens=args.calibration_tokens,
+                            progress=True)
     means.save(path)
     return means
 
@@ -164,7 +173,8 @@ RAY_NICE_0 = {"runtime_env": {"env_vars": {"RAY_worker_niceness": "0"}}}
 
 def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any],
            means: Any) -> None:
-    import locos_tl as lt
+    from locos_tl.experiments.evaluate import ablation_sweep
+    from locos_tl.runs.distributed.workers import RayWorkers
 
     head_sets = rankings_for_ablation(scores, args.methods)
     ks = _ints(args.ks)
@@ -172,7 +182,7 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
                   bottom="locos", max_new_tokens=args.eval_max_new_tokens,
                   workers=args.workers, extend=True)  # --n-eval may grow (nested)
     if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
-        common["workers"] = lt.RayWorkers(args.workers, ray_init_kwargs=RAY_NICE_0)
+        common["workers"] = RayWorkers(args.workers, ray_init_kwargs=RAY_NICE_0)
     if _baseline_only(args.methods) or not head_sets:  # nothing ranked: baseline only
         common.update(random=False, bottom=None)
     elif "locos" not in head_sets:  # LOCOS accepted no trial: no bottom-k control
@@ -180,8 +190,8 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     for length in _ints(args.eval_lengths):
         for qtype in _questions(args):
             trials = util._load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
-            lt.ablation_sweep(model, trials, head_sets, scorer="nolima",
-                        out_dir=out / "ablate" / f"{qtype}_{length}", **common)
+            ablation_sweep(model, trials, head_sets, scorer="nolima",
+                           out_dir=out / "ablate" / f"{qtype}_{length}", **common)
     # the controls may run a subset of the (k, seed) grid (``--control-ks``,
     # ``--control-seeds``): DS(k) is reported where both sides exist
     control = {**common, "max_new_tokens": 16,
@@ -189,8 +199,8 @@ def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
                "seeds": _ints(args.control_seeds or args.random_seeds)}
     for name in ("parametric", "arithmetic"):
         trials = util._load(out / "trials" / f"control_{name}.jsonl")
-        lt.ablation_sweep(model, trials, head_sets, scorer="control",
-                    out_dir=out / "ablate" / f"control_{name}", **control)
+        ablation_sweep(model, trials, head_sets, scorer="control",
+                       out_dir=out / "ablate" / f"control_{name}", **control)
 
 
 def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,

@@ -53,21 +53,33 @@ class ModelHost:
 
     def info(self) -> dict[str, Any]:
         """Model facts the driver needs without loading the model itself."""
-        from locos_tl.models.load import model_name
         from locos_tl.runs.provenance import provenance
+        from locos_tl.tokenize import model_tokenizer_identity
 
         cfg = self.model.cfg
+        tok = model_tokenizer_identity(self.model)
         return {
-            "model_name": model_name(self.model),
+            **_identity(self.model),
             "n_layers": int(cfg.n_layers),
             "n_heads": int(cfg.n_heads),
             "n_ctx": getattr(cfg, "n_ctx", None),
             "d_vocab": int(cfg.d_vocab),
             "provenance": provenance(self.model),
+            # the trials' tokenizer is checked on the driver, which loads no model
+            "tokenizer": None if tok is None else {"fingerprint": tok.fingerprint,
+                                                   "name": tok.name},
         }
 
     def __call__(self, task: Callable[[ModelHost], Any]) -> Any:
         return task(self)
+
+
+def _identity(model: Any) -> dict[str, Any]:
+    """``{"model_name", "model_hashes"}``: what the driver records as the workers' model."""
+    from locos_tl.models.load import model_settings
+
+    identity = model_settings(model)
+    return {"model_name": identity["model"], "model_hashes": identity.get("model_hashes")}
 
 
 def model_pool(
@@ -124,9 +136,9 @@ def worker_model_source(
     kwargs = dict(load_kwargs or {})
     if isinstance(model, str | os.PathLike):
         return str(model), kwargs
-    from locos_tl.models.load import model_name
+    from locos_tl.models.load import checkpoint_path
 
-    name = model_name(model)
+    name = checkpoint_path(model)  # what it was loaded from (runs record its identity)
     looks_local = name.startswith((".", "/", "~")) or name.count("/") > 1
     if name == "unknown" or (looks_local and not Path(name).expanduser().exists()):
         raise DistributedError(

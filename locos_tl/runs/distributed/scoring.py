@@ -17,6 +17,7 @@ from typing import Any
 from locos_tl.runs.distributed.hosts import ModelHost, model_pool_for
 from locos_tl.runs.distributed.pool import RayPool, ResultEvent
 from locos_tl.runs.distributed.ray_glue import require_ray
+from locos_tl.tokenize import TokenizerIdentity
 
 
 @dataclass(frozen=True)
@@ -164,13 +165,15 @@ def score_trials_distributed(
     with model_pool_for(model_name_or_path, pool, workers=workers, ray_address=ray_address,
                         load_kwargs=load_kwargs, **pool_kwargs) as pool:
         info = pool.info()
+        tok = info.get("tokenizer")  # the workers' tokenizer: trials are checked against it
         shape = SimpleNamespace(cfg=SimpleNamespace(
             n_layers=info["n_layers"], n_heads=info["n_heads"], n_ctx=info["n_ctx"],
             d_vocab=info["d_vocab"],
-        ))
+        ), tokenizer_identity=None if tok is None else TokenizerIdentity(**tok))
         # the runner's bookkeeping, as score_trials': run directories interchange
         run = ScoringRun(opts, shape, model_name=info["model_name"],
-                         dtype=info["provenance"]["model"]["dtype"], out_dir=out_dir)
+                         dtype=info["provenance"]["model"]["dtype"], out_dir=out_dir,
+                         model_hashes=info.get("model_hashes"))
         meta = dict(info["provenance"])
         meta["engine"] = pool.map([EnginePathsTask(prefill_mode, decode_engine)])[0]
         todo = run.start(meta, on_resume)

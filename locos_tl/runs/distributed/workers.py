@@ -8,11 +8,11 @@ Read by :func:`locos_tl.score_trials`, :func:`locos_tl.score_methods` and
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from locos_tl.errors import warn_caller
 from locos_tl.runs.distributed.pool import RayPool
 
 __all__ = ["LEGACY_RAY_OPTIONS", "RayWorkers", "Workers", "executor_options", "legacy_workers"]
@@ -105,10 +105,11 @@ def legacy_workers(workers: Any, legacy: Mapping[str, Any], caller: str) -> Any:
     legacy = {k: v for k, v in legacy.items() if v is not None}
     if not legacy:
         return workers
-    warnings.warn(f"{caller}(): {', '.join(f'{k}=' for k in sorted(legacy))} "
-                  "deprecated; Ray options go in one argument, workers=RayWorkers(n, "
-                  "address=..., load_kwargs=..., ...) or workers=model_pool(...)",
-                  DeprecationWarning, stacklevel=3)
+    # named at the user's call (score_trials reaches here through score_methods)
+    warn_caller(f"{caller}(): {', '.join(f'{k}=' for k in sorted(legacy))} "
+                "deprecated; Ray options go in one argument, workers=RayWorkers(n, "
+                "address=..., load_kwargs=..., ...) or workers=model_pool(...)",
+                DeprecationWarning)
     if not isinstance(workers, int) or isinstance(workers, bool):
         raise TypeError(f"{caller}(): {sorted(legacy)} given beside workers="
                         f"{type(workers).__name__}(...); put every Ray option in workers=")

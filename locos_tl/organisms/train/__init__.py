@@ -1,4 +1,4 @@
-"""Deterministic training of the model organism (``python -m locos_tl.organisms.train``).
+"""Deterministic training of the model organism.
 
 Trains a small ``Qwen3ForCausalLM`` (grouped-query attention) from scratch on the
 literal and non-literal retrieval tasks of :mod:`locos_tl.organisms.tasks`, on one CPU
@@ -6,6 +6,10 @@ thread, with all randomness derived from one seed; saves the checkpoint and the
 word-level tokenizer with ``save_pretrained``.
 
 Loss: cross-entropy only on the answer token and on the ``</s>`` after it.
+
+The presets and the command line are :mod:`locos_tl.organisms.recipes`, which imports
+this package (never the other way round); ``python -m locos_tl.organisms.train`` runs
+them through this package's ``__main__``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from locos_tl.organisms.tasks import (
     training_batch,
 )
 
-_REPO = Path(__file__).resolve().parents[2]
+_REPO = Path(__file__).resolve().parents[3]  # locos_tl/organisms/train/ -> the repository
 
 
 @dataclass
@@ -73,7 +77,7 @@ class TrainConfig:
         checkpoint_every: steps between resumable checkpoints (``checkpoint.pt`` in the
             output directory: model, optimiser, data stream, history); 0: none.
         p_book: fraction of task rows whose filler is real book text (from ``book_dir``,
-            default ``../shared/data/haystack``; the file names are recorded).
+            default: the books shipped with locos_tl; the file names are recorded).
         book_dir: directory of ``*.txt`` books for ``p_book``.
         p_needle_first: fraction of task rows whose needle precedes every other entity
             (early needles: the longest retrieval distances; see
@@ -427,8 +431,3 @@ def _same_config(recorded: dict[str, Any], cfg: TrainConfig) -> bool:
     want = _jsonable(asdict(cfg))
     return {**{k: v for k, v in default.items() if k not in recorded}, **recorded} == want
 
-
-if __name__ == "__main__":  # the recipes and the command line: locos_tl.organisms.recipes
-    import importlib
-
-    raise SystemExit(importlib.import_module("locos_tl.organisms.recipes").main())

