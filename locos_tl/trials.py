@@ -7,7 +7,8 @@ contains a needle span [s, e) and a gold answer").
 Token ids only mean something with the tokenizer that made them: a trial records that
 tokenizer's fingerprint (:func:`locos_tl.tokenize.tokenizer_fingerprint`) and name, and
 :func:`check_trials_tokenizer` refuses to run trials on a model whose tokenizer has
-another fingerprint (organism trials on SmolLM2, say) before any forward pass.
+another fingerprint (organism trials on SmolLM2, say) before any forward pass; the
+tokenizer side of trials lives in :mod:`locos_tl.trial_tokenizer`.
 """
 
 from __future__ import annotations
@@ -20,8 +21,20 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from locos_tl.errors import TrialError, warn_caller
+from locos_tl.errors import TrialError
 from locos_tl.head_spec import as_int
+from locos_tl.trial_tokenizer import (
+    check_record_tokenizer,
+    check_tokenizer,
+    identity_of_tokens,
+    span_from_offsets,
+    tokenize_needle,
+    tokenizer_of_file,
+    warn_unchecked_file,
+)
+
+__all__ = ["Trial", "as_span", "as_token_ids", "as_trial_list", "check_trials_tokenizer",
+           "load_trials", "save_trials", "span_from_offsets", "trial_set_hash"]
 
 #: trial ids already warned about for lacking a tokenizer fingerprint (one warning per
 #: trial: at load_trials, or at the first run that checks it)
@@ -148,16 +161,7 @@ class Trial:
             TrialError: a token id is not in ``tokenizer``'s vocabulary.
             TypeError: ``tokenizer`` is not a tokenizer.
         """
-        from locos_tl.tokenize import TokenizerIdentity, checkpoint_tokenizer, tokenizer_identity
-
-        if isinstance(tokenizer, TokenizerIdentity):
-            ident = tokenizer
-        else:
-            ident = tokenizer_identity(tokenizer)
-            size = len(checkpoint_tokenizer(tokenizer))
-            if max(self.tokens) >= size:
-                raise TrialError(f"trial {self.trial_id}: token id {max(self.tokens)} is not "
-                                 f"in the vocabulary of {ident} ({size} tokens)")
+        ident = identity_of_tokens(self, tokenizer)
         return replace(self, tokenizer_fingerprint=ident.fingerprint,
                        tokenizer_name=ident.name)
 
@@ -263,24 +267,10 @@ class Trial:
                 (the message names the characters); empty answer; prompt longer than
                 ``n_ctx``; a BOS inside the prompt after position 0.
         """
-        from locos_tl.tokenize import encode_prompt, tokenizer_identity
-
         if not answer or not answer.strip():
             raise TrialError("empty gold answer")
-        if not needle or not needle.strip():
-            raise TrialError("empty needle text")
-        start = prompt.find(needle)
-        if start < 0:
-            raise TrialError(f"needle {needle[:60]!r} not found in the prompt text")
-        end = start + len(needle)
-        ids, offsets = encode_prompt(tokenizer, prompt,
-                                     bos="checkpoint" if add_special_tokens else "none")
-        if n_ctx is not None and len(ids) > n_ctx:
-            raise TrialError(
-                f"prompt has {len(ids)} tokens, longer than the model's context n_ctx={n_ctx}"
-            )
-        s, e = span_from_offsets(offsets, start, end, prompt)
-        ident = tokenizer_identity(tokenizer)
+        ids, (s, e), ident = tokenize_needle(tokenizer, prompt, needle, n_ctx=n_ctx,
+                                             add_special_tokens=add_special_tokens)
         return cls(tokens=tuple(ids), needle_span=(s, e), answer=answer, prompt=prompt,
                    meta=dict(meta or {}), tokenizer_fingerprint=ident.fingerprint,
                    tokenizer_name=ident.name)
@@ -373,36 +363,6 @@ def as_trial_list(trials: Any, where: str) -> list[Trial]:
     return out
 
 
-def span_from_offsets(
-    offsets: Sequence[tuple[int, int]], start: int, end: int, text: str
-) -> tuple[int, int]:
-    """Token span ``[s, e)`` covering characters ``[start, end)`` of ``text`` exactly.
-
-    A token may overhang the character range only by whitespace (byte-level BPE and
-    SentencePiece fold the leading space into the next token).
-
-    Raises:
-        TrialError: the range is not covered by whole tokens; names the characters cut.
-    """
-    covering = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
-    if not covering:
-        raise TrialError(f"no token covers characters [{start}, {end}) of the prompt")
-    s, e = covering[0], covering[-1] + 1
-    a0, b1 = offsets[s][0], offsets[e - 1][1]
-    head, tail = text[a0:start], text[end:b1]
-    if head.strip() or tail.strip():
-        cut = []
-        if head.strip():
-            cut.append(f"{head!r} before it (characters [{a0}, {start}))")
-        if tail.strip():
-            cut.append(f"{tail!r} after it (characters [{end}, {b1}))")
-        raise TrialError(
-            "needle is not aligned to whole tokens: the tokens at its edges also cover "
-            + " and ".join(cut)
-        )
-    return s, e
-
-
 def save_trials(trials: Iterable[Trial], path: str | Path) -> Path:
     """Write trials as JSON lines (one :meth:`Trial.to_dict` per line, with the
     ``tokenizer_fingerprint`` and ``tokenizer_name`` of each trial)."""
@@ -436,18 +396,11 @@ def load_trials(
             tokenizer, or (with a tokenizer) a token record holding the checkpoint's BOS
             after position 0 or built by another tokenizer (the message names both).
     """
-    from locos_tl.tokenize import check_no_bos, tokenizer_identity
-
     path = Path(path)
     if not path.exists():
         raise TrialError(f"trials file {path} does not exist")
     out: list[Trial] = []
-    own = None
-    if tokenizer is not None:
-        try:
-            own = tokenizer_identity(tokenizer)
-        except TypeError:  # no vocabulary to fingerprint: nothing to compare with
-            own = None
+    own = tokenizer_of_file(tokenizer)
     unchecked: list[str] = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -463,12 +416,7 @@ def load_trials(
                     raise TrialError(
                         f"prompt has {t.n_tokens} tokens, longer than n_ctx={n_ctx}"
                     )
-                if not t.tokenizer_fingerprint:
-                    unchecked.append(t.trial_id)
-                elif own is not None and t.tokenizer_fingerprint != own.fingerprint:
-                    raise TrialError(_mismatch(t, own, "this trial", "the given tokenizer"))
-                if tokenizer is not None:
-                    check_no_bos(tokenizer, t.tokens)
+                check_record_tokenizer(t, own, tokenizer, unchecked)
             else:
                 missing = [k for k in ("prompt", "needle", "answer") if k not in d]
                 if missing:
@@ -480,26 +428,8 @@ def load_trials(
         except TrialError as exc:
             raise TrialError(f"{path}:{i}: {exc}") from exc
         out.append(t)
-    if unchecked:
-        warn_caller(
-            f"{path}: {len(unchecked)} of {len(out)} trials carry no tokenizer fingerprint "
-            "(the file was written before locos_tl recorded one): runs cannot check that "
-            "their token ids are the model's; rebuild the file (locos build-trials) or mark "
-            "the trials with trial.with_tokenizer(tokenizer)")
-        _UNCHECKED_WARNED.update(unchecked)
+    warn_unchecked_file(path, unchecked, len(out), _UNCHECKED_WARNED)
     return out
-
-
-def _mismatch(t: Trial, own: Any, what: str, whose: str, plural: bool = False) -> str:
-    """The message of trials tokenized by another tokenizer than ``own``'s."""
-    theirs = t.tokenizer_name or "an unnamed tokenizer"
-    return (f"{what} {'were' if plural else 'was'} tokenized by {theirs!r} (tokenizer "
-            f"fingerprint {t.tokenizer_fingerprint}), not by {whose} {own.name!r} "
-            f"(fingerprint {own.fingerprint}): {'their' if plural else 'its'} token ids "
-            "would be other tokens to the model. Build the trials with the model's tokenizer "
-            "(Trial.from_text(model, ...), locos_tl.build_nolima_trials(model, ...), `locos "
-            "build-trials ... --tokenizer DIR`); organism trials (locos_tl.organisms."
-            "make_trials) run on the organisms only")
 
 
 def check_trials_tokenizer(model: Any, trials: Sequence[Trial]) -> None:
@@ -520,29 +450,7 @@ def check_trials_tokenizer(model: Any, trials: Sequence[Trial]) -> None:
         TrialError: a trial whose fingerprint differs from the model's tokenizer's; the
             message names both tokenizers and how many trials differ.
     """
-    from locos_tl.tokenize import model_tokenizer_identity
-
-    own = model_tokenizer_identity(model)
-    if own is None:
-        return
-    other = [(i, t) for i, t in enumerate(trials)
-             if t.tokenizer_fingerprint and t.tokenizer_fingerprint != own.fingerprint]
-    if other:
-        i, t = other[0]
-        what = (f"trial {i} ({t.trial_id})" if len(trials) == 1 else
-                f"{len(other)} of {len(trials)} trials (the first: trial {i}, {t.trial_id})")
-        raise TrialError(_mismatch(t, own, what, "the model's tokenizer",
-                                   plural=len(trials) > 1))
-    unchecked = [t.trial_id for t in trials
-                 if not t.tokenizer_fingerprint and t.trial_id not in _UNCHECKED_WARNED]
-    if unchecked:
-        warn_caller(
-            f"{len(unchecked)} of {len(trials)} trials carry no tokenizer fingerprint "
-            "(built by hand from ids, or read from an old file): locos_tl cannot check that "
-            f"their token ids are those of the model's tokenizer {own.name!r}; build trials "
-            "with Trial.from_text / locos_tl.build_*_trials, or mark them with "
-            "trial.with_tokenizer(model)")
-        _UNCHECKED_WARNED.update(unchecked)
+    check_tokenizer(model, trials, _UNCHECKED_WARNED)
 
 
 def trial_set_hash(trials: Sequence[Trial]) -> str:

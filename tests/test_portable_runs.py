@@ -5,7 +5,6 @@ published records under ``docs/real_models``."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -18,20 +17,6 @@ REPO = Path(__file__).resolve().parents[1]
 PUBLISHED = REPO / "docs" / "real_models"
 SMOLLM2 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 GEMMA3 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-
-
-def _register(tiny_gguf, monkeypatch) -> str:
-    """The tiny GGUF file as the zoo model ``tiny-test``; returns its SHA-256."""
-    from locos_tl.models import zoo
-
-    sha = hashlib.sha256(tiny_gguf.read_bytes()).hexdigest()
-    e = zoo.RealModel(name="tiny-test", architecture="LlamaForCausalLM", n_layers=2,
-                      n_heads=4, n_kv_heads=2, params="0.1M", file_mb=0, quantization="Q8_0",
-                      licence="MIT", packages=("no-such-package-locos==0.1",), sha256=sha)
-    monkeypatch.setitem(zoo.REAL_MODELS, "tiny-test", e)
-    monkeypatch.setitem(zoo._FILES, "tiny-test", lambda: tiny_gguf)
-    monkeypatch.setattr(zoo, "pip_install", lambda *a, **k: None)
-    return sha
 
 
 def _trials(tok, n: int = 3):
@@ -48,7 +33,7 @@ def _trials(tok, n: int = 3):
 
 
 @pytest.mark.filterwarnings("ignore:.*no (trial was accepted|accepted trial):RuntimeWarning")
-def test_a_run_resumes_under_another_cache_root(tiny_gguf, tmp_path, monkeypatch):
+def test_a_run_resumes_under_another_cache_root(tiny_zoo, tmp_path, monkeypatch):
     """Scored and ablated under one cache root, a run goes on under another with every
     record reused; nothing it writes names either cache."""
     import locos_tl as lt
@@ -57,7 +42,7 @@ def test_a_run_resumes_under_another_cache_root(tiny_gguf, tmp_path, monkeypatch
     def checkpoint_path(model) -> str:  # where it was loaded from
         return str(model.cfg.model_name)
 
-    sha = _register(tiny_gguf, monkeypatch)
+    sha = tiny_zoo.sha256
     first_cache, second_cache = tmp_path / "alice" / "cache", tmp_path / "bob" / "cache"
     monkeypatch.setenv("LOCOS_CACHE", str(first_cache))
     zoo.fetch("tiny-test", log=lambda msg: None)
@@ -100,7 +85,7 @@ def test_a_run_resumes_under_another_cache_root(tiny_gguf, tmp_path, monkeypatch
 
 
 @pytest.mark.filterwarnings("ignore:.*no (trial was accepted|accepted trial):RuntimeWarning")
-def test_a_run_recorded_with_a_cache_path_resumes_elsewhere(tiny_gguf, cache, tmp_path,
+def test_a_run_recorded_with_a_cache_path_resumes_elsewhere(tiny_zoo, cache, tmp_path,
                                                             monkeypatch):
     """A run directory written before identities were recorded names its model by the
     cache path of the machine that made it; it resumes here, and a path naming other
@@ -108,7 +93,7 @@ def test_a_run_recorded_with_a_cache_path_resumes_elsewhere(tiny_gguf, cache, tm
     import locos_tl as lt
     from locos_tl.models import zoo
 
-    sha = _register(tiny_gguf, monkeypatch)
+    sha = tiny_zoo.sha256
     zoo.fetch("tiny-test", log=lambda msg: None)
     model = lt.load_model("tiny-test", device="cpu")
     trials = _trials(model.tokenizer, 2)

@@ -26,8 +26,9 @@ app.add_typer(build_app, name="build-trials",
               short_help="Build retrieval trial files (JSON lines) for `locos score`.")
 
 HaystackOpt = Annotated[
-    list[Path],
-    typer.Option("--haystack", help="Book text file (repeat for several, or give a folder).",
+    list[Path] | None,
+    typer.Option("--haystack", help="Book text file (repeat for several, or give a folder; "
+                                    "default: the public-domain books shipped with locos_tl).",
                  exists=True),
 ]
 TokenizerOpt = Annotated[
@@ -58,9 +59,9 @@ def nolima(
     needle_set: Annotated[str, typer.Option(
         help="NoLiMa needle_set*.json file, or the name of a set shipped with locos_tl: "
              "everyday (self-written; direct and onehop questions).")],
-    haystack: HaystackOpt,
     tokenizer: TokenizerOpt,
     out: OutOpt,
+    haystack: HaystackOpt = None,
     lengths: LengthsOpt = "1000,2000,3000,4000,5000",
     depths: DepthsOpt = "linspace:0:100:10",
     num_examples: NumOpt = None,
@@ -105,7 +106,7 @@ def nolima(
     except LocosError as exc:
         fail(exc)
     _write(trials, out, "nolima", time.perf_counter() - t0, dict(
-        needle_set=str(needle_set), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
+        needle_set=str(needle_set), haystacks=_sources(haystack), tokenizer=tokenizer,
         lengths=lengths, depths=depths, num_examples=num_examples, question_type=question_type,
         characters_per_entry=characters_per_entry, chat_template=chat_template,
         template=template, distractors=distractors, seed=seed,
@@ -114,11 +115,12 @@ def nolima(
 
 @build_app.command("niah")
 def niah(
-    needles: Annotated[Path, typer.Option(help="NIAH probes (JSON lines: needle, question, "
-                                               "real_needle).", exists=True, dir_okay=False)],
-    haystack: HaystackOpt,
     tokenizer: TokenizerOpt,
     out: OutOpt,
+    needles: Annotated[Path | None, typer.Option(
+        help="NIAH probes (JSON lines: needle, question, real_needle; default: the Wu et al. "
+             "probes shipped with locos_tl).", exists=True, dir_okay=False)] = None,
+    haystack: HaystackOpt = None,
     lengths: LengthsOpt = "1000,2000,3000,4000,5000",
     depths: DepthsOpt = "linspace:0:100:10",
     num_examples: NumOpt = None,
@@ -129,9 +131,10 @@ def niah(
     needle (read by LOCOS, attention-spatial, DLA), answer span = its real_needle part
     (read by the Wu copy score and HeadKV)."""
     from locos_tl.data import build_niah_trials, load_niah_probes, parse_depths, parse_lengths
+    from locos_tl.data.packaged import niah_probes_path
 
     try:
-        probes = load_niah_probes(needles)
+        probes = load_niah_probes(needles or niah_probes_path())
         tok, hays = _tokenizer(tokenizer), _haystacks(haystack)
         t0 = time.perf_counter()
         trials = build_niah_trials(
@@ -141,7 +144,8 @@ def niah(
     except LocosError as exc:
         fail(exc)
     _write(trials, out, "niah", time.perf_counter() - t0, dict(
-        needles=str(needles), haystacks=[str(p) for p in haystack], tokenizer=tokenizer,
+        needles=str(needles) if needles else "locos_tl:niah/niah_needles.jsonl",
+        haystacks=_sources(haystack), tokenizer=tokenizer,
         lengths=lengths, depths=depths, num_examples=num_examples,
         chat_template=chat_template, seed=seed,
     ))
@@ -285,11 +289,18 @@ def _tokenizer(name: str) -> Any:
     return load_tokenizer(name)
 
 
-def _haystacks(paths: Sequence[Path]) -> list[Any]:
+def _sources(paths: Sequence[Path] | None) -> list[str]:
+    """The haystacks as recorded in a trials file's provenance (no machine paths for the
+    shipped books)."""
+    return [str(p) for p in paths] if paths else ["locos_tl:books"]
+
+
+def _haystacks(paths: Sequence[Path] | None) -> list[Any]:
     from locos_tl.data import load_haystacks
+    from locos_tl.data.packaged import book_dir
 
     files: list[Path] = []
-    for p in paths:
+    for p in paths or [book_dir()]:
         files.extend(sorted(p.glob("*.txt")) if p.is_dir() else [p])
     return load_haystacks(files)
 

@@ -16,10 +16,12 @@ as another): an entry's files and folders are made readable as the preparing use
 umask allows (``0o666 & ~umask``, folders ``0o777 & ~umask``; safetensors itself writes
 its weights file ``0o600``), and a file another user's entry does not let this one read
 is reported as such (:class:`~locos_tl.errors.CachePermissionError`, naming the file,
-its owner and the fix), never as damage to repair. A preparation holds a lock on its
-temporary folder for its whole life (``<root>/locks/``), so a temporary folder is
-removed as abandoned only when its lock is free: safe when several hosts or containers
-share the cache, where process ids say nothing.
+its owner and the fix), never as damage to repair (:mod:`locos_tl.models.cache_access`).
+A preparation holds a lock on its temporary folder for its whole life
+(``<root>/locks/``), so a temporary folder is removed as abandoned only when its lock is
+free: safe when several hosts or containers share the cache, where process ids say
+nothing (:mod:`locos_tl.models.cache_temp`). This module re-exports both modules'
+public names.
 
 Only the standard library is imported at module level.
 """
@@ -29,26 +31,41 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import secrets
-import shutil
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from locos_tl.errors import CachePermissionError, ModelLoadError
+from locos_tl.errors import ModelLoadError
+from locos_tl.models.cache_access import (
+    cache_root,
+    current_umask,
+    grant_read,
+    permission_error,
+    share_by_umask,
+)
+from locos_tl.models.cache_temp import (
+    _lock,
+    install_entry,
+    remove_stale_temporaries,
+    temporary_folder,
+)
 from locos_tl.models.gguf_checks import Plan, read_header, reconcile, unpermute_qk
 from locos_tl.models.gguf_checks import require_gguf as _require_gguf
+
+#: public names, the cache's file modes (:mod:`locos_tl.models.cache_access`) and
+#: temporary folders (:mod:`locos_tl.models.cache_temp`) included
+__all__ = [
+    "GGUF_MAGIC", "SOURCE_FILE", "cache_root", "cached_dir", "check_file", "current_umask",
+    "damaged_error", "entry_lock", "entry_problems", "grant_read", "install_entry",
+    "is_gguf_file", "is_prepared", "manifest", "permission_error", "prepare_gguf",
+    "quantization_type", "read_source", "remove_stale_temporaries", "sha256_file",
+    "share_by_umask", "temporary_folder",
+]
 
 SOURCE_FILE = "gguf_source.json"
 GGUF_MAGIC = b"GGUF"
 _WEIGHTS = "model.safetensors"
-
-
-def cache_root() -> Path:
-    """The cache root: ``$LOCOS_CACHE`` if set, else ``~/.cache/locos_tl``."""
-    env = os.environ.get("LOCOS_CACHE")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "locos_tl"
 
 
 def is_gguf_file(path: str | os.PathLike[str]) -> bool:
@@ -88,103 +105,6 @@ def is_prepared(directory: str | os.PathLike[str]) -> bool:
         return (d / SOURCE_FILE).is_file() and (d / "config.json").is_file()
     except PermissionError as exc:
         raise permission_error(Path(exc.filename or d), d) from None
-
-
-def current_umask() -> int:
-    """The process's umask (read from ``/proc/self/status`` where it can be, so the
-    process-wide setting is never changed, even for an instant)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def share_by_umask(folder: Path) -> None:
-    """Give ``folder`` and everything in it the modes a file created now would get:
-    files ``0o666 & ~umask``, folders ``0o777 & ~umask`` (safetensors writes its
-    weights ``0o600`` whatever the umask; a copied file keeps its source's mode)."""
-    mask = current_umask()
-    os.chmod(folder, 0o777 & ~mask)
-    for root, dirs, files in os.walk(folder):
-        for name in dirs:
-            os.chmod(os.path.join(root, name), 0o777 & ~mask)
-        for name in files:
-            os.chmod(os.path.join(root, name), 0o666 & ~mask)
-
-
-def grant_read(folder: Path) -> Path:
-    """Add the read bits (and folders' search bits) the umask allows to the files and
-    folders of ``folder`` that this user owns, leaving other bits as they are: an entry
-    prepared by an older locos_tl (weights ``0o600``) becomes readable by the other
-    users of a shared cache. Files of other users are left alone.
-
-    Returns:
-        ``folder``.
-    """
-    if not hasattr(os, "geteuid"):
-        return folder
-    mask, me = current_umask(), os.geteuid()
-    try:
-        paths = [folder, *folder.rglob("*")] if folder.is_dir() else []
-    except OSError:  # another user's folder: not ours to share
-        return folder
-    for p in paths:
-        try:
-            st = p.lstat()
-            if st.st_uid != me or p.is_symlink():
-                continue
-            want = (0o555 if p.is_dir() else 0o444) & ~mask
-            if st.st_mode & want != want:
-                os.chmod(p, (st.st_mode & 0o7777) | want)
-        except OSError:
-            continue
-    return folder
-
-
-def _user(uid: int) -> str:
-    try:
-        import pwd
-
-        return pwd.getpwuid(uid).pw_name
-    except (ImportError, KeyError):
-        return f"uid {uid}"
-
-
-def permission_error(path: Path, entry: Path | None = None, *,
-                     write: bool = False) -> CachePermissionError:
-    """The error for a cache file this user may not read (or, ``write``, not write): it
-    names the file, its owner and mode, and how to share it; ``entry`` is the folder to
-    share (default: the file's own folder)."""
-    entry = entry or path.parent
-    probe = path
-    while True:  # the file, or the nearest folder above it this user can see
-        try:
-            st = probe.stat()
-            break
-        except OSError:
-            if probe.parent == probe:
-                st = None
-                break
-            probe = probe.parent
-    owner = _user(st.st_uid) if st is not None else "another user"
-    mode = f"mode {st.st_mode & 0o777:04o}, " if st is not None else ""
-    me = _user(os.geteuid()) if hasattr(os, "geteuid") else "this user"
-    if write:
-        return CachePermissionError(
-            f"cannot take the lock {path}: it belongs to {owner} ({mode}not writable by "
-            f"{me}); the cache {cache_root()} is shared, so its locks must be writable by "
-            f"every user: ask {owner} to run `chmod -R a+rwX {path.parent}` (or give the "
-            "users one group and umask 002), or set LOCOS_CACHE to a cache of your own")
-    return CachePermissionError(
-        f"{path} is not readable by {me}: it belongs to {owner} ({mode}written by an "
-        f"older locos_tl or under a strict umask). The checkpoint is not damaged; ask "
-        f"{owner} to run `chmod -R a+rX {entry}` (or `locos models fetch` as {owner}, "
-        "which shares it by the umask), or set LOCOS_CACHE to a cache of your own")
 
 
 def _safetensors_size(path: Path) -> int | None:
@@ -266,106 +186,6 @@ def manifest(directory: Path) -> dict[str, dict[str, Any]]:
             for p in sorted(directory.iterdir()) if p.is_file()}
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _tmp_lock_path(tmp: Path) -> Path:
-    """The lock a preparation holds on its temporary folder ``tmp`` for its whole life:
-    ``<cache root>/locks/<kind>-<tmp name>.lock``."""
-    return tmp.parent.parent / "locks" / f"{tmp.parent.name}-{tmp.name}.lock"
-
-
-def _lock(path: Path, timeout: float = -1.0) -> Any:
-    from filelock import FileLock
-
-    return FileLock(str(path), timeout=timeout, mode=0o666 & ~current_umask())
-
-
-@contextmanager
-def temporary_folder(out: Path) -> Iterator[Path]:
-    """A new temporary folder path for the entry ``out`` (``<name>.tmp-<pid>-<random>``,
-    beside it; not created), whose lock (:func:`_tmp_lock_path`) this process holds
-    until the block ends, so no other process, on this host or another one sharing the
-    cache, takes it for abandoned. The folder is removed when the block raises or leaves
-    it behind (:func:`install_entry` moves it into place).
-
-    Raises:
-        CachePermissionError: the cache's lock folder is not writable by this user.
-    """
-    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    lock_path = _tmp_lock_path(tmp)
-    lock = _lock(lock_path)
-    try:
-        lock_path.parent.mkdir(parents=True, exist_ok=True)
-        lock.acquire()
-    except PermissionError as exc:
-        raise permission_error(Path(exc.filename or lock_path), write=True) from None
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)  # an error, or never installed
-        lock.release()
-        lock_path.unlink(missing_ok=True)
-
-
-def _abandoned(tmp: Path) -> bool:
-    """Remove ``tmp`` when no preparation holds its lock (killed: the lock went with
-    its process, on whichever host); True when removed. A lock this user cannot open
-    (another user's preparation) leaves the folder alone."""
-    from filelock import Timeout
-
-    lock_path = _tmp_lock_path(tmp)
-    lock = _lock(lock_path, timeout=0.0)
-    try:
-        lock.acquire()
-    except (Timeout, OSError):  # held (a live preparation), or not ours to judge
-        return False
-    try:
-        shutil.rmtree(tmp, ignore_errors=True)
-    finally:
-        lock.release()
-        lock_path.unlink(missing_ok=True)
-    return True
-
-
-def remove_stale_temporaries(digest: str | None = None,
-                             root: Path | None = None) -> list[Path]:
-    """Remove the temporary folders of killed preparations in ``root`` (default: the
-    GGUF entries' folder): every one of the entry ``digest`` (whose entry lock the
-    caller holds), and any other whose lock is free (:func:`temporary_folder`; a lock
-    lives in the file system, so this holds across hosts and containers sharing the
-    cache). A folder named by an older locos_tl (``<name>.tmp-<pid>``, no lock) is
-    judged by its process id, as that version did.
-
-    Returns:
-        The folders removed.
-    """
-    root = root or cache_root() / "gguf"
-    removed = []
-    for tmp in sorted(root.glob("*.tmp-*")) if root.is_dir() else ():
-        if not tmp.is_dir():
-            continue
-        name, _, tag = tmp.name.partition(".tmp-")
-        if name == digest:
-            shutil.rmtree(tmp, ignore_errors=True)
-            _tmp_lock_path(tmp).unlink(missing_ok=True)
-        elif tag.isdigit():  # an older version's folder: its pid is all there is
-            if _pid_alive(int(tag)):
-                continue
-            shutil.rmtree(tmp, ignore_errors=True)
-        elif not _abandoned(tmp):
-            continue
-        removed.append(tmp)
-    return removed
-
-
 @contextmanager
 def entry_lock(out: Path, lock: str, *, repair: bool, fix: str,
                log: Callable[[str], None]) -> Iterator[bool]:
@@ -401,16 +221,6 @@ def entry_lock(out: Path, lock: str, *, repair: bool, fix: str,
         yield problems != []
     finally:
         file_lock.release()
-
-
-def install_entry(tmp: Path, out: Path) -> None:
-    """Share a finished temporary folder by the umask (:func:`share_by_umask`) and move
-    it into place (a damaged ``out`` is replaced): a directory under an entry's name is
-    always complete."""
-    share_by_umask(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
 
 
 def read_source(directory: str | os.PathLike[str]) -> dict[str, Any] | None:

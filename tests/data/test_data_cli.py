@@ -53,6 +53,13 @@ def test_build_niah(tok_dir, shared_books, tmp_path):
     assert len(trials) == 3 * len(shared_books) * 2 * 2
     assert {t.meta["length"] for t in trials} == {400, 800}
     assert all(len(t.tokens) == t.meta["length"] for t in trials)
+    # without --needles and --haystack: the probes and books shipped with locos_tl
+    again = tmp_path / "again.jsonl"
+    res = CliRunner().invoke(app, [
+        "build-trials", "niah", "--tokenizer", str(tok_dir), "--lengths",
+        "linspace:400:800:2", "--depths", "linspace:0:100:2", "--out", str(again)])
+    assert res.exit_code == 0, res.output
+    assert [t.trial_id for t in load_trials(again)] == [t.trial_id for t in trials]
 
 
 def test_cli_errors_are_clean(tok_dir, needle_set_file, shared_books, tmp_path):
