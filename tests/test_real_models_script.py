@@ -448,3 +448,79 @@ def test_niah_detection_has_a_budget_its_sentence_answers_fit(script, tmp_path,
     script.detect(None, script.parse_args(["--out", str(tmp_path),
                                            "--niah-max-new-tokens", "64"]), tmp_path)
     assert calls[1] == ("detect_niah", ["wu"], 64)
+
+
+def _built_items(script, monkeypatch, tmp_path, argv):
+    """The needle items of every NoLiMa trial file ``build_trials`` writes, by file name
+    (the builders are stubbed: the tokenizer, the trials and the controls are not made)."""
+    import types
+
+    import locos_tl.data as data
+    import locos_tl.data.hub as hub
+
+    calls = []
+
+    def nolima(tok, items, haystacks, **kw):
+        calls.append(list(items))
+        return [len(calls) - 1]
+
+    saved: dict[str, list] = {}
+
+    def save(trials, path):
+        if trials and isinstance(trials[0], int):  # a NoLiMa file: its builder call
+            saved[path.stem] = calls[trials[0]]
+
+    monkeypatch.setattr(hub, "load_tokenizer", lambda name: None)
+    monkeypatch.setattr(data, "build_nolima_trials", nolima)
+    for name in ("build_niah_trials", "build_parametric_trials", "build_arithmetic_trials"):
+        monkeypatch.setattr(data, name, lambda *a, **k: [])
+    monkeypatch.setattr(data, "load_niah_probes", lambda path: [])
+    monkeypatch.setattr(script.util, "_save", save)
+    (tmp_path / "trials").mkdir()
+    args = script.parse_args(["--out", str(tmp_path), "--n-calibration", "2", *argv])
+    model = types.SimpleNamespace(cfg=types.SimpleNamespace(n_ctx=2048))
+    script.build_trials(model, args, tmp_path)
+    return args, saved
+
+
+def test_detection_and_evaluation_trials_come_from_their_own_needle_sets(
+        script, tmp_path, monkeypatch) -> None:
+    from locos_tl.data import load_needle_set
+
+    args, saved = _built_items(script, monkeypatch, tmp_path, [
+        "--detect-needle-set", "hop_detect", "--eval-needle-set", "hop_eval",
+        "--eval-lengths", "1000,2000"])
+    assert sorted(saved) == ["detect_direct", "detect_onehop", "eval_direct_1000",
+                             "eval_direct_2000", "eval_onehop_1000", "eval_onehop_2000"]
+    sets = {s: {e.id: e for e in load_needle_set(s)} for s in ("hop_detect", "hop_eval")}
+    for stem, items in saved.items():
+        own = sets["hop_detect" if stem.startswith("detect") else "hop_eval"]
+        assert {i.entry_id for i in items} == set(own), stem  # every entry, no other
+        assert {i.question_type for i in items} == {stem.split("_")[1]}
+        for i in items:  # the protocol's name halves still apply within each set
+            half = 0 if stem.startswith("detect") else 1
+            assert i.character_set == own[i.entry_id].character_set[half::2]
+    # recorded, so a run with other sets rebuilds its trials
+    sizes = script._trial_sizes(args)
+    assert (sizes["detect_needle_set"], sizes["eval_needle_set"]) == ("hop_detect", "hop_eval")
+    script._mark(tmp_path, "trials", {"seconds": 1.0, "sizes": sizes})
+    assert not script._trials_changed(tmp_path, args)
+    other = script.parse_args(["--out", str(tmp_path), "--detect-needle-set", "hop_detect",
+                               "--eval-needle-set", "everyday"])
+    assert script._trials_changed(tmp_path, other)
+
+
+def test_one_needle_set_by_default_and_sizes_as_before(script, tmp_path, monkeypatch) -> None:
+    from locos_tl.data import load_needle_set
+
+    args, saved = _built_items(script, monkeypatch, tmp_path, [])
+    everyday = {e.id for e in load_needle_set("everyday")}
+    assert all({i.entry_id for i in items} == everyday for items in saved.values())
+    assert (args.detect_needle_set, args.eval_needle_set) == ("everyday", "everyday")
+    # a set named equal to --needle-set is not recorded: published sizes stay valid
+    for argv in ([], ["--detect-needle-set", "everyday", "--eval-needle-set", "everyday"]):
+        sizes = script._trial_sizes(script.parse_args(argv))
+        assert "detect_needle_set" not in sizes and "eval_needle_set" not in sizes
+        assert set(sizes) == set(script.TRIAL_OPTIONS)
+    only_eval = script._trial_sizes(script.parse_args(["--eval-needle-set", "hop_eval"]))
+    assert only_eval["eval_needle_set"] == "hop_eval" and "detect_needle_set" not in only_eval

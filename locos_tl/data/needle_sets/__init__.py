@@ -6,6 +6,25 @@ The sets are NoLiMa-format JSON files in this folder (``<name>.json``; Modarress
 the link is a synonym, a hypernym or everyday knowledge). Load one by name with
 :func:`locos_tl.data.load_needle_set` (``load_needle_set("everyday")``).
 
+The sets and what each is for:
+
+* ``everyday`` (24 entries): the protocol's default set, and a second evaluation set of
+  an elicited onehop hop.
+* ``everyday_train`` (60): the training set of the first elicited adapter only.
+* ``hop_train``, ``hop_detect``, ``hop_eval``: the onehop elicitation's three disjoint
+  sets, fixed before training and never tuned on (written by
+  ``scripts/make_hop_sets.py``). Every test's ``input_args`` are ``[cue, target]``: the
+  needle names the cue (``{CHAR} has rented a small flat in Paris``), the ``onehop``
+  question what it links to (``Which character lives in France?``), ``reasoning_type``
+  the link kind (``city_country``). ``hop_train`` (154 entries, 11 kinds) trains the
+  hop; ``hop_detect`` (44, 4 of the training kinds) is where head rankings are
+  computed, with no needle template, question, cue, target or name of training;
+  ``hop_eval`` (48, 8 kinds absent from training) is where ablations and targets run.
+  No entry id, filled needle, question or character name is shared among the three,
+  nor with ``everyday`` / ``everyday_train`` (``tests/test_hop_sets.py``).
+  ``locos reproduce --detect-needle-set hop_detect --eval-needle-set hop_eval`` uses
+  the last two.
+
 :func:`shared_content_words` is the check that makes "non-literal" testable: after the
 slots are filled, a question is non-literal when it shares no content word with its
 needle. Words are compared lower-cased, after Porter stemming (``nltk``, the stemmer

@@ -2,8 +2,10 @@
 
 Stages (each writes under ``--out`` and is skipped or resumed when rerun):
 
-1. ``trials``: detection and evaluation trials from the shipped ``everyday`` needle set,
-   kept disjoint: detection uses ``--detect-haystack`` (default: the prose haystack
+1. ``trials``: detection and evaluation trials from the shipped ``everyday`` needle set
+   (``--needle-set``; ``--detect-needle-set`` and ``--eval-needle-set`` take each side
+   from a set of its own, e.g. ``hop_detect`` and ``hop_eval``), kept disjoint:
+   detection uses ``--detect-haystack`` (default: the prose haystack
    shipped with locos_tl, which names no people; ``dracula`` for a shipped book), the
    even-indexed names of every entry's character set and seed 101; evaluation uses
    *The Last of the Mohicans* (both parts), the odd-indexed names and seed 202. NIAH
@@ -80,7 +82,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--out", default=None, help="run directory (default runs/real/<model>)")
     ap.add_argument("--preset", choices=sorted(PRESETS), default="cpu")
-    ap.add_argument("--needle-set", default="everyday")
+    ap.add_argument("--needle-set", default="everyday",
+                    help="NoLiMa needle set (shipped name or file) of the detection and "
+                         "evaluation trials, unless one of the two options below is given")
+    ap.add_argument("--detect-needle-set", default=None,
+                    help="needle set of the detection trials (head rankings, CRI); "
+                         "default: --needle-set")
+    ap.add_argument("--eval-needle-set", default=None,
+                    help="needle set of the evaluation trials (ablations, compression); "
+                         "default: --needle-set. Give both to keep the sets disjoint "
+                         "(e.g. hop_detect and hop_eval)")
     ap.add_argument("--template", choices=("chat", "completion"), default="chat")
     ap.add_argument("--data-dir", default=None,
                     help="folder with haystack/*.txt and niah_needles.jsonl (default: the "
@@ -134,6 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             setattr(args, key, v)
     if args.out is None:
         args.out = f"runs/real/{args.model.replace('/', '_')}"
+    args.detect_needle_set = args.detect_needle_set or args.needle_set
+    args.eval_needle_set = args.eval_needle_set or args.needle_set
     return args
 
 

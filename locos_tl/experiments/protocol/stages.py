@@ -42,19 +42,21 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     books, niah_file = resolve_data_dir(args.data_dir)  # None: the packaged copies
     detect_hay = load_haystacks([_detect_haystack(args, books)])
     eval_hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
-    entries = load_needle_set(args.needle_set)
+    detect_set, eval_set = needle_sets(args)
+    entries = {"detect": load_needle_set(detect_set), "eval": load_needle_set(eval_set)}
     chat = args.template == "chat"
     builder = PromptBuilder(tok)
     # chat models: NoLiMa's chat-style task template; base models: the completion one
     kw = {"template": "completion" if args.template == "completion" else "default",
           "distractors": getattr(args, "distractors", 0)}
     for qtype in ("onehop", "direct"):
-        items = expand_needle_set(entries, [qtype])
+        items = expand_needle_set(entries["detect"], [qtype])
         det = build_nolima_trials(
             tok, [_names(i, 0) for i in items], detect_hay, lengths=[args.detect_length],
             depths=DETECT_DEPTHS, num_examples=args.n_detect, chat_template=chat,
             seed=DETECT_SEED, builder=builder, **kw)
         util._save(det, out / "trials" / f"detect_{qtype}.jsonl")
+        items = expand_needle_set(entries["eval"], [qtype])
         for length in _ints(args.eval_lengths):
             ev = build_nolima_trials(
                 tok, [_names(i, 1) for i in items], eval_hay, lengths=[length],
@@ -95,10 +97,23 @@ TRIAL_OPTIONS = ("model", "needle_set", "template", "data_dir", "detect_length",
                  "n_calibration", "calibration_chars")
 
 
+def needle_sets(args: argparse.Namespace) -> tuple[str, str]:
+    """(detection, evaluation) needle sets: ``--detect-needle-set`` and
+    ``--eval-needle-set``, each ``--needle-set`` when not given."""
+    return (getattr(args, "detect_needle_set", None) or args.needle_set,
+            getattr(args, "eval_needle_set", None) or args.needle_set)
+
+
 def _trial_sizes(args: argparse.Namespace) -> dict[str, Any]:
     sizes = {k: getattr(args, k) for k in TRIAL_OPTIONS}
     if getattr(args, "distractors", 0):  # recorded only when used: older runs stay valid
         sizes["distractors"] = args.distractors
+    # a detection or evaluation set of its own is recorded only when it differs from
+    # --needle-set: runs (and published sizes) from before the options stay valid
+    for key, value in zip(("detect_needle_set", "eval_needle_set"), needle_sets(args),
+                          strict=True):
+        if value != args.needle_set:
+            sizes[key] = value
     return sizes
 
 
