@@ -68,6 +68,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "LocosError": ("locos_tl.errors", "LocosError"),
     "ModelLoadError": ("locos_tl.errors", "ModelLoadError"),
     "model_pool": ("locos_tl.runs.distributed.hosts", "model_pool"),
+    "paired_tests": ("locos_tl.experiments.stats", "paired_tests"),
     "parse_heads": ("locos_tl.head_spec", "parse_heads"),
     "passes_gate": ("locos_tl.engine.answers", "passes_gate"),
     "patch_heads": ("locos_tl.experiments.patching", "patch_heads"),
@@ -126,6 +127,7 @@ __all__ = [
     "LocosError",
     "ModelLoadError",
     "model_pool",
+    "paired_tests",
     "parse_heads",
     "passes_gate",
     "patch_heads",
@@ -205,6 +207,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
     from locos_tl.experiments.run_table import load_evaluation
     from locos_tl.experiments.score import score_methods, score_trials
+    from locos_tl.experiments.stats import paired_tests
     from locos_tl.experiments.teacher_forced import teacher_forced_sweep
     from locos_tl.head_spec import parse_heads
     from locos_tl.heads import HeadScores, head_label

@@ -105,7 +105,8 @@ def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatc
               progress=False)
     df = evaluate(model, trials, {"locos": [PLANTED], "other": [(0, 0)]}, out_dir=tmp_path,
                   **kw)
-    assert list(df.columns) == ["method", "k", "seed", "metric", "value", "n_trials"]
+    assert list(df.columns) == ["method", "k", "seed", "metric", "value", "n_trials",
+                                "ci_low", "ci_high"]  # ci=0.95 by default
     v = df.set_index(["method", "k", "metric"])["value"]
     assert v[(BASELINE, 0, "contains")] == 1.0 and v[(BASELINE, 0, "rougeL")] > 0.6
     assert v[("locos", 1, "contains")] == 0.0  # the copy head carried the answer
@@ -184,7 +185,8 @@ def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> 
     assert cells == {(BASELINE, 0, 0), ("locos", 1, 0), ("locos", 2, 0), ("other", 2, 0),
                      ("random", 2, 0)}
     cols = ["method", "k", "seed", "metric"]
-    made = pd.concat([first, second]).drop_duplicates(cols).sort_values(cols)
+    made = (pd.concat([first, second]).drop_duplicates(cols).sort_values(cols)
+            .drop(columns=["ci_low", "ci_high"]))  # the directory's table has no intervals
     table = load_evaluation(tmp_path / "run", trials).sort_values(cols)
     on_disk = pd.read_csv(tmp_path / "run" / "evaluation.csv").sort_values(cols)
     for got in (table, on_disk):  # the first call's k = 1 survives the second call
@@ -342,3 +344,43 @@ def test_cli_ablate(planted, tmp_path) -> None:
         assert (out / f).exists(), f
     df = pd.read_csv(out / "evaluation.csv")
     assert set(df["method"]) == {BASELINE, "locos", "random", "locos_bottom"}
+
+
+def test_ablation_sweep_intervals_bracket_the_mean_and_are_reproducible(planted,
+                                                                        tmp_path) -> None:
+    """``ci``: each cell's percentile bootstrap interval over its trials (seed 0), the
+    protocol's bootstrap on the per-trial records; the same on a rerun; ``None``: the
+    table without interval columns."""
+    from locos_tl.experiments.run_table import load_evaluation
+    from locos_tl.experiments.stats import bootstrap_ci
+
+    model, two = planted
+    trials = planted_trials(model.tokenizer, 6)
+    order = {t.trial_id: i for i, t in enumerate(trials)}
+
+    def scorer(response, trial):  # a metric that varies over trials: a real interval
+        return {**score_nolima(response, trial), "idx": float(order[trial.trial_id])}
+
+    kw = dict(k=(1,), mode="output_zero", seeds=(0, 1), bottom=None, max_new_tokens=2,
+              progress=False, scorer=scorer, out_dir=tmp_path)
+    sets = {"locos": [PLANTED]}
+    df = evaluate(model, trials, sets, **kw)
+    assert {"ci_low", "ci_high"} <= set(df.columns)
+    assert (df["ci_low"] <= df["value"] + 1e-12).all()
+    assert (df["value"] <= df["ci_high"] + 1e-12).all()
+    idx = df[df["metric"] == "idx"]
+    assert (idx["ci_low"] < idx["value"]).all() and (idx["value"] < idx["ci_high"]).all()
+    per = load_evaluation(tmp_path, trials, scorer, per_trial=True)
+    for row in df.itertuples():
+        v = per[(per["method"] == row.method) & (per["k"] == row.k)
+                & (per["seed"] == row.seed) & (per["metric"] == row.metric)]["value"]
+        assert (row.ci_low, row.ci_high) == bootstrap_ci(v.to_numpy(), 0.95)
+    again = evaluate(model, trials, sets, **kw)  # records reused: the same intervals
+    pd.testing.assert_frame_equal(df, again)
+    narrow = evaluate(model, trials, sets, ci=0.5, **kw)
+    assert (narrow["ci_high"] - narrow["ci_low"] <= df["ci_high"] - df["ci_low"] + 1e-12).all()
+    plain = evaluate(model, trials, sets, ci=None, **kw)
+    pd.testing.assert_frame_equal(plain, df.drop(columns=["ci_low", "ci_high"]))
+    assert list(pd.read_csv(tmp_path / "evaluation.csv").columns) == list(plain.columns)
+    with pytest.raises(ValueError, match="confidence level"):
+        evaluate(model, two, sets, ci=1.5, **{**kw, "out_dir": None})

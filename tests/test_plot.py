@@ -117,6 +117,30 @@ def test_ablation_curves():
         plot.ablation_curves(df.drop(columns="seed"))
 
 
+def test_ablation_curves_interval_bands():
+    """With ``ci_low``, ``ci_high`` (``ablation_sweep(ci=...)``), each ranking's line is
+    preceded by a filled band from low to high; several seeds: their envelope."""
+    df = ablation_frame()
+    df = df.assign(ci_low=df["value"] - 0.05, ci_high=df["value"] + 0.05)
+    fig = plot.ablation_curves(df)
+    bands = [t for t in fig.data if t.fill == "toself"]
+    lines = [t for t in fig.data if t.fill != "toself"]
+    assert [t.name for t in bands if t.xaxis == "x"] == [
+        "locos interval", "wu interval", "random interval", "locos_bottom interval"]
+    assert len(bands) == len(lines) == 8 and all(not t.showlegend for t in bands)
+    locos_band, locos = fig.data[0], fig.data[1]
+    assert locos.name == "locos" and locos_band.legendgroup == "locos"
+    n = len(locos.x)
+    assert list(locos_band.x) == [*locos.x, *locos.x[::-1]]
+    np.testing.assert_allclose(locos_band.y[:n], np.asarray(locos.y) + 0.05)
+    np.testing.assert_allclose(locos_band.y[n:], (np.asarray(locos.y) - 0.05)[::-1])
+    rnd = next(t for t in bands if t.name == "random interval" and t.xaxis == "x")
+    sel = df[(df.method == "random") & (df.metric == "rougeL") & (df.k == 8)]
+    assert rnd.y[n - 1] == pytest.approx(sel["ci_high"].max())  # k = 8, the seeds' top
+    assert rnd.y[n] == pytest.approx(sel["ci_low"].min())
+    assert not [t for t in plot.ablation_curves(ablation_frame()).data if t.fill]
+
+
 def test_dissociation():
     from locos_tl.experiments.evaluate import dissociation_score
 

@@ -16,7 +16,6 @@ on different grids reads back as one table (:func:`locos_tl.experiments.run_tabl
 
 from __future__ import annotations
 
-import hashlib
 import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -30,7 +29,6 @@ from locos_tl.engine.ablation import (
     AblationMode,
     ablate,
     check_mode,
-    random_heads,
 )
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix, reuse_allowed
@@ -39,6 +37,15 @@ from locos_tl.engine.stops import (
     check_stop_rule,
     legacy_stop_rule,
     stop_predicate,
+)
+from locos_tl.experiments.ablation_plan import (  # noqa: F401  (re-exported: old import path)
+    DEFAULT_KS,
+    RANDOM,
+    _check_head_sets,
+    _ranking,
+    build_jobs,
+    means_hash,
+    plan_grid,
 )
 from locos_tl.experiments.dissociation import (  # noqa: F401  (re-exported: old import path)
     BASELINE,
@@ -59,8 +66,8 @@ from locos_tl.experiments.task_metrics import (
     get_scorer,
     scorer_name,
 )
-from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
-from locos_tl.heads import Head, HeadScores
+from locos_tl.head_spec import HeadLike
+from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.distributed.workers import (
     LEGACY_RAY_OPTIONS,
@@ -72,141 +79,10 @@ from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import META_FILE, RecordStore
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 
-DEFAULT_KS = (1, 5, 10, 20, 50, 100)
-RANDOM = "random"
 RESUME_KEYS = ("model", "dtype", "mode", "means_hash", "max_new_tokens", "stop_at_newline",
                "stop_rule", "thinking")
 
 
-def means_hash(means: AblationMeans | None) -> str | None:
-    if means is None:
-        return None
-    h = hashlib.sha256(means.q.numpy().tobytes())
-    h.update(means.z.numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def _ranking(hs: Sequence[HeadLike] | HeadScores, name: str, n_layers: int,
-             n_heads: int) -> list[Head]:
-    if isinstance(hs, HeadScores):
-        return hs.ranked(True)
-    return parse_heads(hs, n_layers=n_layers, n_heads=n_heads, what=f"head_sets[{name!r}]",
-                       unique=True)
-
-
-def _check_head_sets(head_sets: Any) -> None:
-    if not isinstance(head_sets, Mapping):
-        raise HeadSpecError("head_sets must be a dict {name: ranking}, e.g. "
-                            "{'locos': scores, 'mine': [(14, 3), 'L20H1']}, got "
-                            f"{type(head_sets).__name__}")
-    for name in head_sets:
-        if not isinstance(name, str) or not name:
-            raise HeadSpecError(f"head_sets keys must be non-empty method names, got {name!r}")
-
-
-def build_jobs(
-    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
-    ks: Sequence[int],
-    *,
-    n_layers: int,
-    n_heads: int,
-    seeds: Sequence[int] = (0, 1, 2),
-    random: bool = True,
-    bottom: str | None = "auto",
-) -> list[AblationJob]:
-    """The sweep's cells: the baseline (k=0), top-k of every head set, random heads per
-    seed and the bottom-k control.
-
-    Args:
-        head_sets: method name -> :class:`HeadScores` or a ranked list of heads in any
-            form of :func:`locos_tl.head_spec.parse_heads` (``(14, 3)``, ``"L14H3"``,
-            ``"14-3"``; no head twice).
-        ks: the k values, each in ``0..n_layers * n_heads`` (0 is the baseline, always
-            run); a k beyond a head list's length is skipped for it (:func:`evaluate`
-            warns and records it).
-        n_layers, n_heads: the model's geometry (for random heads).
-        seeds: seeds of the random-heads control (method ``"random"``).
-        random: include the random control.
-        bottom: name of the :class:`HeadScores` entry whose lowest-scoring heads form the
-            bottom-k control (method ``"<name>_bottom"``); ``"auto"``: ``"locos"`` if
-            present, else the first :class:`HeadScores`; None: no bottom-k control.
-
-    Raises:
-        HeadSpecError: (a ``ValueError``) a k that is not an integer or outside
-            ``0..n_layers * n_heads``; a malformed, out-of-range or repeated head.
-        ValueError: ``bottom`` names no :class:`HeadScores` entry.
-    """
-    _check_head_sets(head_sets)
-    ks = [x for x in parse_ks(ks, n_total=n_layers * n_heads, allow_zero=True) if x > 0]
-    jobs = [AblationJob(BASELINE, 0, 0, ())]
-    for name, hs in head_sets.items():
-        ranking = _ranking(hs, name, n_layers, n_heads)
-        jobs += [AblationJob(name, k, 0, tuple(ranking[:k])) for k in ks if k <= len(ranking)]
-    if random:
-        for seed in seeds:
-            jobs += [AblationJob(RANDOM, k, int(seed), tuple(random_heads(n_layers, n_heads, k,
-                                                                          int(seed))))
-                     for k in ks]  # parse_ks: every k <= n_layers * n_heads
-    if bottom == "auto":
-        scored = [n for n, hs in head_sets.items() if isinstance(hs, HeadScores)]
-        bottom = "locos" if "locos" in scored else (scored[0] if scored else None)
-    if bottom is not None:
-        src = head_sets.get(bottom)
-        if not isinstance(src, HeadScores):
-            raise ValueError(f"bottom-k control: {bottom!r} is not a HeadScores entry of "
-                             f"head_sets ({sorted(head_sets)})")
-        low = src.ranked(False)
-        jobs += [AblationJob(f"{bottom}_bottom", k, 0, tuple(low[:k])) for k in ks
-                 if k <= len(low)]
-    return jobs
-
-
-def plan_grid(
-    model: Any,
-    head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
-    k: int | Sequence[int] | None,
-    seeds: int | Sequence[int],
-    *,
-    random: bool = True,
-    bottom: str | None = "auto",
-) -> tuple[list[int], list[int], list[AblationJob], dict[str, list[int]]]:
-    """The checked grid of an ablation sweep (:func:`ablation_sweep`, and the
-    teacher-forced :func:`locos_tl.experiments.teacher_forced.teacher_forced_sweep`):
-    ``(ks, seeds, jobs, skipped_k)``. ``k=None`` is :data:`DEFAULT_KS` up to the
-    model's head count. Warns (``UserWarning``) when a head set lists fewer heads than
-    a k: that k is skipped for it (``skipped_k``).
-
-    Raises:
-        HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
-            malformed, repeated or out-of-range head; a k or seed that is not an integer
-            or out of range.
-        ValueError: a :class:`HeadScores` of another geometry than the model's, or with
-            no accepted trial; ``bottom`` names no :class:`HeadScores` entry.
-    """
-    L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    _check_head_sets(head_sets)
-    if k is None:
-        ks = [x for x in DEFAULT_KS if x <= L * H]
-    else:
-        ks = parse_ks(k, n_total=L * H, what="k")
-    seeds = [as_int(s, "seeds") for s in ([seeds] if isinstance(seeds, int) else seeds)]
-    jobs = build_jobs(head_sets, ks, n_layers=L, n_heads=H, seeds=seeds, random=random,
-                      bottom=bottom)
-    made = {(j.method, j.k) for j in jobs}
-    skipped = {name: [x for x in ks if (name, x) not in made] for name in head_sets}
-    skipped = {name: v for name, v in skipped.items() if v}
-    if skipped:
-        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={v}: those k are "
-                                "skipped for it" for n, v in skipped.items()), stacklevel=3)
-    for name, hs in head_sets.items():  # fail before any generation, not halfway through
-        if isinstance(hs, HeadScores):
-            if (hs.n_layers, hs.n_heads) != (L, H):
-                raise ValueError(f"head set {name!r} scores {hs.n_layers} layers x "
-                                 f"{hs.n_heads} heads; the model has {L} x {H}")
-            if hs.n_trials == 0:
-                raise ValueError(f"head set {name!r} has no accepted trial: its ranking is "
-                                 "all NaN")
-    return ks, seeds, jobs, skipped
 
 
 def ablation_sweep(
@@ -234,6 +110,7 @@ def ablation_sweep(
     reuse_prefix: bool = True,
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
     stop_at_newline: bool | None = None,
+    ci: float | None = 0.95,
     **legacy_ray: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
@@ -316,12 +193,14 @@ def ablation_sweep(
 
     Returns:
         Tidy DataFrame of this call's cells, one row per (method, k, seed, metric):
-        ``value`` is the mean over trials (in [0, 1]), ``n_trials`` the count.
-        Deterministic methods have ``seed = 0``; the baseline row is
-        ``method="baseline", k=0``.
+        ``value`` is the mean over trials (in [0, 1]), ``n_trials`` the count, and
+        with ``ci`` the interval ``ci_low``, ``ci_high`` (same units as ``value``;
+        both equal to ``value`` when every trial scores the same). Deterministic
+        methods have ``seed = 0``; the baseline row is ``method="baseline", k=0``.
 
     Raises:
-        ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``;
+        ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``; ``ci``
+            outside (0, 1);
             ``stop_at_newline=False`` beside a stop rule other than the default.
         TypeError: an unknown keyword; an old Ray keyword beside ``workers=RayWorkers``.
         HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
@@ -334,6 +213,8 @@ def ablation_sweep(
             trial set (with ``extend``: over a trial that is not in ``trials``).
     """
     mode = check_mode(mode)
+    if ci is not None and not 0 < ci < 1:
+        raise ValueError(f"ci must be a confidence level in (0, 1) or None, not {ci!r}")
     unknown = sorted(set(legacy_ray) - set(LEGACY_RAY_OPTIONS))
     if unknown:
         raise TypeError(f"ablation_sweep() got unknown keyword(s) {unknown}")
@@ -457,6 +338,10 @@ def ablation_sweep(
     # this call's cells, from the same table code as the directory's (bit-equal values)
     df = directory_table(None, trials, score_fn, [job_cell(j) for j in jobs],
                          known=metric_cache)
+    if ci is not None:
+        df = _with_intervals(df, directory_table(None, trials, score_fn,
+                                                 [job_cell(j) for j in jobs],
+                                                 per_trial=True, known=metric_cache), ci)
     if out_dir is not None:  # the directory's table: this call's cells and earlier ones
         cells = read_jobs(out_dir)
         table = directory_table(out_dir, trials, score_fn, cells, known=metric_cache)
@@ -473,6 +358,18 @@ def ablation_sweep(
                           "seeds to fill them", stacklevel=2)
     return df
 
+
+def _with_intervals(df: pd.DataFrame, per_trial: pd.DataFrame, ci: float) -> pd.DataFrame:
+    """``df`` with ``ci_low``, ``ci_high``: each cell's bootstrap interval of the mean
+    over its trials (in trial order; :func:`locos_tl.experiments.stats.bootstrap_ci`)."""
+    from locos_tl.experiments.stats import bootstrap_ci
+
+    cols = ["method", "k", "seed", "metric"]
+    groups = {key: g["value"].to_numpy(dtype=float)
+              for key, g in per_trial.groupby(cols, sort=False)}
+    bounds = [bootstrap_ci(groups[key], ci) if key in groups else (float("nan"),) * 2
+              for key in zip(*(df[c] for c in cols), strict=True)]
+    return df.assign(ci_low=[lo for lo, _ in bounds], ci_high=[hi for _, hi in bounds])
 
 
 #: the former name of :func:`ablation_sweep` (``locos_tl.evaluate`` warns; this

@@ -25,10 +25,20 @@ def _seed_stats(df: pd.DataFrame, value: str) -> pd.DataFrame:
         out = out.merge(nt, on=["method", "k"], how="left")
     else:
         out["n_trials"] = np.nan
+    if {"ci_low", "ci_high"} <= set(df.columns):  # the seeds' intervals' envelope
+        ci = df.groupby(["method", "k"], sort=False).agg(ci_low=("ci_low", "min"),
+                                                         ci_high=("ci_high", "max"))
+        out = out.merge(ci.reset_index(), on=["method", "k"], how="left")
     out["std"] = out["std"].fillna(0.0)
     order = {m: i for i, m in enumerate(dict.fromkeys(df["method"]))}
     return out.sort_values(["method", "k"], key=lambda c: c.map(order) if c.name == "method"
                            else c)
+
+
+def _rgba(color: str, alpha: float) -> str:
+    """``"#rrggbb"`` as ``"rgba(r, g, b, alpha)"``."""
+    r, g, b = (int(color.lstrip("#")[i:i + 2], 16) for i in (0, 2, 4))
+    return f"rgba({r}, {g}, {b}, {alpha})"
 
 
 def ablation_curves(
@@ -41,18 +51,25 @@ def ablation_curves(
     """Metric vs number of ablated heads ``k``, one line per method, one panel per metric.
 
     Methods with several seeds (the random-heads control) get error bars of one standard
-    deviation over seeds. The no-ablation row (method ``"baseline"``, ``k = 0``) is the
-    first point of every line; controls (``random``, ``*_bottom``) are dotted.
+    deviation over seeds. When ``df`` has interval columns ``ci_low``, ``ci_high`` (the
+    bootstrap interval over trials of :func:`locos_tl.ablation_sweep`), every method's
+    line gets a shaded band between them (for several seeds: from the lowest ``ci_low``
+    to the highest ``ci_high`` of its seeds). The no-ablation row (method
+    ``"baseline"``, ``k = 0``) is the first point of every line; controls (``random``,
+    ``*_bottom``) are dotted.
 
     Args:
         df: tidy rows with columns ``method, k, seed, metric, value, n_trials``, as
-            :func:`locos_tl.experiments.evaluate.evaluate` returns (``value``: mean over trials).
+            :func:`locos_tl.experiments.evaluate.evaluate` returns (``value``: mean over trials;
+            optional ``ci_low``, ``ci_high``).
         metrics: which metrics to draw, in order (default: all, in order of appearance).
         log_x: logarithmic k axis (the ``k = 0`` baseline is then a dashed line).
         title: figure title.
 
     Returns:
-        A figure with one ``Scatter`` (lines+markers) per method and metric.
+        A figure with one ``Scatter`` (lines+markers) per method and metric; with
+        intervals, each is preceded by its band: a ``Scatter`` with ``fill="toself"``
+        named ``"<method> interval"`` (no legend entry of its own, no hover).
     """
     _check_columns(df, ["method", "k", "seed", "metric", "value"])
     metrics = list(metrics) if metrics is not None else list(dict.fromkeys(df["metric"]))
@@ -71,6 +88,18 @@ def ablation_curves(
                 st = pd.concat([base.assign(method=method), st])
             multi = bool((st["count"] > 1).any())
             control = method.lower() == "random" or method.lower().endswith("bottom")
+            if "ci_low" in st.columns and st["ci_low"].notna().any():
+                band = st.dropna(subset=["ci_low", "ci_high"])
+                fig.add_trace(
+                    go.Scatter(
+                        x=[*band["k"], *band["k"][::-1]],
+                        y=[*band["ci_high"], *band["ci_low"][::-1]],
+                        mode="lines", fill="toself", name=f"{method} interval",
+                        legendgroup=method, showlegend=False, hoverinfo="skip",
+                        line={"width": 0}, fillcolor=_rgba(_color(method, i), 0.15),
+                    ),
+                    row=1, col=c,
+                )
             fig.add_trace(
                 go.Scatter(
                     x=st["k"], y=st["mean"], mode="lines+markers", name=method,

@@ -61,15 +61,11 @@ def _mark(out: Path, stage: str, info: dict[str, Any]) -> None:
 
 
 def _bootstrap(values: np.ndarray, seed: int = 0) -> tuple[float, float]:
-    """95 % percentile bootstrap interval of the mean (scipy.stats.bootstrap)."""
-    from scipy.stats import bootstrap
+    """95 % percentile bootstrap interval of the mean
+    (:func:`locos_tl.experiments.stats.bootstrap_ci`)."""
+    from locos_tl.experiments.stats import bootstrap_ci
 
-    if len(values) < 2 or np.all(values == values[0]):
-        v = float(values.mean()) if len(values) else float("nan")
-        return v, v
-    res = bootstrap((values,), np.mean, n_resamples=1000, confidence_level=0.95,
-                    method="percentile", random_state=np.random.default_rng(seed))
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    return bootstrap_ci(values, 0.95, seed)
 
 
 def _ints(text: str) -> list[int]:
