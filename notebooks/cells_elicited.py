@@ -76,23 +76,16 @@ plot.head_heatmap([locos, dla], normalize=True,
 
 Query-mean ablation of each ranking's top k heads (ranked on the detection trials),
 evaluated on 60 other held-out trials: the share of answers that name the target.
-Error bars: the bootstrap 95 % interval over the trials of each cell
-(`evaluation_ci.csv`); for the random heads, whose 3 seeds are 3 cells, one standard
-deviation over the seeds. Controls (random, LOCOS's bottom k) are dotted."""),
+Bands: the bootstrap 95 % interval over the trials of each cell (`evaluation_ci.csv`;
+for the random heads, whose 3 seeds are 3 cells, from the lowest to the highest bound);
+error bars on the random line: one standard deviation over the seeds. Controls (random,
+LOCOS's bottom k) are dotted."""),
         new_code_cell('''\
 def curves(question, metric="contains"):
-    """The ablation curves of one question type, with each cell's bootstrap interval."""
+    """The ablation curves of one question type; bands: each cell's bootstrap interval."""
     ev = pd.read_csv(RESULTS / f"ablate/{question}_1000/evaluation_ci.csv")
     fig = plot.ablation_curves(ev, metrics=[metric],
                                title=f"smollm2-135m-nolima: {question}, 1000 tokens")
-    cells = ev[ev.metric == metric].set_index(["method", "k"])
-    base = cells.xs("baseline", level="method")
-    for tr in fig.data:
-        if tr.error_y.visible:  # several seeds: their spread
-            continue
-        ci = pd.concat([base, cells.xs(tr.name, level="method")]).loc[list(tr.x)]
-        tr.error_y = {"type": "data", "symmetric": False, "visible": True,
-                      "array": ci.ci_high - ci.value, "arrayminus": ci.value - ci.ci_low}
     return fig, ev
 
 
