@@ -85,16 +85,29 @@ def name_token_ids(tokenizer: Any, name: str, prefix: str = "", *,
     Raises:
         TrialError: the name tokenizes to nothing.
     """
-    text = prefix + name
-    ids: list[int] = []
-    if context:
-        ids = _cut_continuation(_encode(tokenizer, context),
-                                _encode(tokenizer, context + text))
-    if not ids:
-        ids = _encode(tokenizer, text)
-    if not ids:
-        raise TrialError(f"the name {name!r} tokenizes to nothing")
-    return ids
+    return names_token_ids(tokenizer, [name], prefix, context=context)[0]
+
+
+def names_token_ids(tokenizer: Any, names: Sequence[str], prefix: str = "", *,
+                    context: str | None = None) -> list[list[int]]:
+    """:func:`name_token_ids` of several names after one ``context`` (encoded once).
+
+    Raises:
+        TrialError: a name tokenizes to nothing.
+    """
+    context_ids = _encode(tokenizer, context) if context else []
+    out = []
+    for name in names:
+        text = prefix + name
+        ids: list[int] = []
+        if context:
+            ids = _cut_continuation(context_ids, _encode(tokenizer, context + text))
+        if not ids:
+            ids = _encode(tokenizer, text)
+        if not ids:
+            raise TrialError(f"the name {name!r} tokenizes to nothing")
+        out.append(ids)
+    return out
 
 
 def _cut_continuation(context_ids: Sequence[int], joint_ids: Sequence[int]) -> list[int]:
@@ -177,7 +190,7 @@ def candidate_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
     """
     target, rivals = candidate_names(trial)
     prefix, context = name_prefix(trial), trial_context(tokenizer, trial)
-    return [name_token_ids(tokenizer, n, prefix, context=context) for n in [target, *rivals]]
+    return names_token_ids(tokenizer, [target, *rivals], prefix, context=context)
 
 
 def margin_of_logprobs(trial: Trial, logp: Sequence[float] | Tensor) -> dict[str, Any]:

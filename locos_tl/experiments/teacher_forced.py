@@ -37,7 +37,7 @@ from locos_tl.experiments.evaluate import means_hash, plan_grid
 from locos_tl.experiments.margin import (
     margin_of_logprobs,
     name_prefix,
-    name_token_ids,
+    names_token_ids,
     trial_context,
 )
 from locos_tl.experiments.score import check_trials_fit
@@ -67,7 +67,7 @@ def answer_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
     names = [str(trial.meta.get("character") or trial.answer)]
     names += [str(n) for n in trial.meta.get("distractor_names") or []]
     prefix, context = name_prefix(trial), trial_context(tokenizer, trial)
-    return [name_token_ids(tokenizer, n, prefix, context=context) for n in names]
+    return names_token_ids(tokenizer, names, prefix, context=context)
 
 
 def _record(key: str, n_heads: int, t: Trial, logp: Sequence[float]) -> dict[str, Any]:
