@@ -41,7 +41,6 @@ from locos_tl.engine.stops import (
 from locos_tl.experiments.ablation_plan import (  # noqa: F401  (re-exported: old import path)
     DEFAULT_KS,
     RANDOM,
-    _check_head_sets,
     _ranking,
     build_jobs,
     means_hash,

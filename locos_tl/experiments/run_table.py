@@ -98,7 +98,7 @@ def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob], *,
 
     Args:
         out_dir: the run directory.
-        jobs: this call's cells (:func:`locos_tl.experiments.evaluate.build_jobs`).
+        jobs: this call's cells (:func:`locos_tl.experiments.ablation_plan.build_jobs`).
         rankings: method -> its full ranking in this call. An earlier cell of one of
             these methods whose head set is not this ranking's top k (the ranking was
             scored anew) leaves the table, so one curve never mixes two rankings; its

@@ -1,6 +1,6 @@
 """An ablation sweep scored without decoding: answer log-probability and name margin.
 
-For each trial and head set (the cells of :func:`locos_tl.experiments.evaluate.build_jobs`:
+For each trial and head set (the cells of :func:`locos_tl.experiments.ablation_plan.build_jobs`:
 baseline, top-k of each ranking, random heads, bottom-k) the ablated model scores, teacher
 forced right after the prompt,
 
@@ -33,7 +33,7 @@ from locos_tl.engine.ablation import AblationMeans, AblationMode, ablate, check_
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix, reuse_allowed
 from locos_tl.engine.teacher_forcing import continuation_logprobs
 from locos_tl.errors import TrialError
-from locos_tl.experiments.evaluate import means_hash, plan_grid
+from locos_tl.experiments.ablation_plan import means_hash, plan_grid
 from locos_tl.experiments.margin import (
     margin_of_logprobs,
     name_prefix,
@@ -130,7 +130,7 @@ def teacher_forced_sweep(
     Raises:
         ValueError: unknown mode; a ``*_mean`` mode without ``means``; a malformed head
             set or k, or a ranking of another model or with no accepted trial
-            (:func:`locos_tl.experiments.evaluate.plan_grid`, as
+            (:func:`locos_tl.experiments.ablation_plan.plan_grid`, as
             :func:`locos_tl.ablation_sweep`).
         TrialError: no trial; a trial does not fit the model; an answer that tokenizes
             to nothing.

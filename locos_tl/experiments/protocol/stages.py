@@ -222,7 +222,7 @@ def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
              control: bool = False) -> dict[tuple[str, int, int], str]:
     """(method, k, seed) -> head-set key, from the same jobs :func:`ablate` ran (with
     ``control``: the control runs' grid, ``--control-ks`` and ``--control-seeds``)."""
-    from locos_tl.experiments.evaluate import build_jobs
+    from locos_tl.experiments.ablation_plan import build_jobs
 
     ks, seeds = args.ks, args.random_seeds
     if control:
