@@ -1,19 +1,22 @@
 """An elicited model against its base: retrieval beside distractor needles, and general
 ability (:mod:`locos_tl.experiments.elicit_targets`).
 
-For each model, on held-out entries (the ``everyday`` evaluation set, evaluation names,
-the Mohicans books; the adapter was trained on ``everyday_train`` over Dracula), greedy:
-how often the answer names the target and a distractor, per cell (question, length,
-distractors); then parametric and arithmetic controls ("contains", and exact match) and
-perplexity on Mohicans part 1. Resumable (``--out``); prints one table and writes ``targets.csv``::
+For each model, on an evaluation needle set (``--needle-set``: ``hop_eval``, link kinds
+never trained on, or ``everyday``; evaluation names; the Mohicans books, never trained
+on), greedy: how often the answer names the target and a distractor, per cell
+(question, length, distractors); then parametric and arithmetic controls ("contains",
+and exact match) and perplexity on Mohicans part 1. A model is a registry name or an
+``locos elicit`` run directory (its adapter is merged into ``RUN/merged`` first).
+Resumable (``--out``); prints one table and writes ``targets.csv``::
 
-    python benchmarks/elicited_targets.py --out runs/elicited_targets \\
-        --publish docs/real_models/smollm2-nolima
+    python benchmarks/elicited_targets.py --needle-set hop_eval \\
+        --out runs/elicited_targets/hop_eval --publish docs/real_models/smollm2-nolima
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from pathlib import Path
 
@@ -34,6 +37,10 @@ def main() -> None:
     ap.add_argument("--n-extra", type=int, default=50,
                     help="trials of the other cells (3 distractors, 2000 tokens, made-up)")
     ap.add_argument("--n-control", type=int, default=50)
+    ap.add_argument("--needle-set", default="everyday",
+                    help="evaluation needle set (hop_eval, everyday; never a training set)")
+    ap.add_argument("--cells", default=None,
+                    help="question:length:distractors,... (default: every cell)")
     ap.add_argument("--out", default="runs/elicited_targets")
     ap.add_argument("--publish", default=None, help="copy targets.csv here")
     args = ap.parse_args()
@@ -42,13 +49,15 @@ def main() -> None:
 
     books, _ = resolve_data_dir(args.data_dir)
     hay = lt.load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
-    entries = lt.load_needle_set("everyday")
+    entries = lt.load_needle_set(args.needle_set)
+    cells = CELLS if args.cells is None else [
+        (q, int(L), int(d)) for q, L, d in (c.split(":") for c in args.cells.split(","))]
     n = {c: args.n if (c[1], c[2]) == (1000, 1) and c[0] != "made_up" else args.n_extra
-         for c in CELLS}
+         for c in cells}
     frames = []
     for name in args.models.split(","):
         t0 = time.perf_counter()
-        model = lt.load_model(name, device="cpu")
+        model = lt.load_model(_checkpoint(name), device="cpu")
         out = Path(args.out) / name
         df = targets_table(model, entries, hay, n=n, out_dir=out)
         tok, n_ctx = model.tokenizer, int(model.cfg.n_ctx)
@@ -69,7 +78,8 @@ def main() -> None:
                                "exact_match": float(base.loc["exact_match", "value"])}
         ppl = perplexity(model, hay[0].text)
         df.loc[len(df)] = {"question": "perplexity (Mohicans 1)", "target": ppl}
-        df.insert(0, "model", name)
+        df.insert(0, "model", Path(name).name)
+        df.insert(1, "needle_set", args.needle_set)
         frames.append(df)
         print(f"{name}: {time.perf_counter() - t0:.0f} s")  # noqa: T201
     table = pd.concat(frames, ignore_index=True)
@@ -84,6 +94,18 @@ def main() -> None:
         Path(args.publish).mkdir(parents=True, exist_ok=True)
         table.to_csv(Path(args.publish) / "targets.csv", index=False)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))  # noqa: T201
+
+
+def _checkpoint(name: str) -> str:
+    """A registry name as is; an elicit run directory merged into ``RUN/merged``."""
+    run = Path(name)
+    if not (run / "adapter" / "adapter_config.json").is_file():
+        return name
+    from locos_tl.models.elicited import save_merged
+    from locos_tl.models.zoo import resolve_checkpoint
+
+    base = json.loads((run / "elicit.json").read_text())["config"]["base"]
+    return str(save_merged(run / "adapter", resolve_checkpoint(base), run / "merged"))
 
 
 if __name__ == "__main__":

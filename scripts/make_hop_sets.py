@@ -68,7 +68,7 @@ TRAIN = {
          ("Cairo", "Egypt"), ("Athens", "Greece"), ("Toronto", "Canada"),
          ("Sydney", "Australia"), ("Mumbai", "India"), ("Rio de Janeiro", "Brazil"),
          ("London", "England")],
-        14),
+        15),
     "landmark_city": (
         [("{CHAR} took a photo in front of {1}.",
           "Which character took a photo in front of {1}?"),
@@ -87,7 +87,7 @@ TRAIN = {
          ("the Leaning Tower", "Pisa"), ("the Louvre", "Paris"),
          ("Buckingham Palace", "London"), ("the Hollywood sign", "Los Angeles"),
          ("the Forbidden City", "Beijing")],
-        14),
+        15),
     "dish_country": (
         [("{CHAR} made {1} for the whole family on Sunday.",
           "Which character made {1} for the whole family on Sunday?"),
@@ -104,7 +104,7 @@ TRAIN = {
          ("kimchi", "Korea"), ("dumplings", "China"), ("bratwurst", "Germany"),
          ("moussaka", "Greece"), ("fish and chips", "England"),
          ("hamburgers", "America"), ("borscht", "Russia"), ("poutine", "Canada")],
-        14),
+        15),
     "animal_class": (
         [("{CHAR} feeds the {1} at the city zoo.",
           "Which character feeds the {1} at the city zoo?"),
@@ -120,7 +120,7 @@ TRAIN = {
          ("sharks", "fish"), ("piranhas", "fish"), ("crocodiles", "reptiles"),
          ("snakes", "reptiles"), ("lizards", "reptiles"), ("bees", "insects"),
          ("ants", "insects"), ("butterflies", "insects"), ("beetles", "insects")],
-        14),
+        15),
     "job_tool": (
         [("{CHAR} has worked as a {1} in the old town for years.",
           "Which character has worked as a {1} in the old town for years?"),
@@ -136,7 +136,7 @@ TRAIN = {
          ("photographer", "camera"), ("plumber", "wrench"), ("tailor", "sewing machine"),
          ("gardener", "spade"), ("surgeon", "scalpel"), ("barber", "razor"),
          ("dentist", "drill"), ("fisherman", "net"), ("firefighter", "hose")],
-        14),
+        15),
     "instrument_family": (
         [("{CHAR} practises the {1} in the attic every evening.",
           "Which character practises the {1} in the attic every evening?"),
@@ -154,7 +154,7 @@ TRAIN = {
          ("tuba", "brass"), ("flute", "woodwind"), ("clarinet", "woodwind"),
          ("drum", "percussion"), ("xylophone", "percussion"), ("tambourine", "percussion"),
          ("piano", "keyboard")],
-        14),
+        15),
     "equipment_sport": (
         [("{CHAR} bought {1} at the sports shop on Friday.",
           "Which character bought {1} at the sports shop on Friday?"),
@@ -169,7 +169,7 @@ TRAIN = {
         [("a racket", "tennis"), ("a puck", "hockey"), ("a pair of oars", "rowing"),
          ("a putter", "golf"), ("a saddle", "horse riding"),
          ("a pair of goggles", "swimming"), ("a punching bag", "boxing")],
-        14),
+        15),
     "material_object": (
         [("{CHAR} sells {1} at the Saturday market.",
           "Which character sells {1} at the Saturday market?"),
@@ -185,7 +185,7 @@ TRAIN = {
          ("horseshoes", "iron"), ("bricks", "clay"), ("jumpers", "wool"),
          ("nails", "metal"), ("tables", "wood"), ("balloons", "rubber"),
          ("socks", "wool"), ("crayons", "wax"), ("vases", "glass")],
-        14),
+        15),
     "country_language": (
         [("{CHAR} grew up on a farm in {1}.", "Which character grew up on a farm in {1}?"),
          ("{CHAR} was born and raised in {1}.",
@@ -201,7 +201,7 @@ TRAIN = {
          ("Australia", "English"), ("Argentina", "Spanish"), ("Colombia", "Spanish"),
          ("Cuba", "Spanish"), ("Morocco", "Arabic"), ("Jamaica", "English"),
          ("Chile", "Spanish"), ("New Zealand", "English")],
-        14),
+        15),
     "plant_category": (
         [("{CHAR} planted {1} along the garden wall.",
           "Which character planted {1} along the garden wall?"),
@@ -217,7 +217,7 @@ TRAIN = {
          ("roses", "flowers"), ("tulips", "flowers"), ("daisies", "flowers"),
          ("oaks", "trees"), ("pines", "trees"), ("carrots", "vegetables"),
          ("potatoes", "vegetables"), ("cabbages", "vegetables"), ("onions", "vegetables")],
-        14),
+        15),
     "vehicle_medium": (
         [("{CHAR} took the {1} to the wedding.", "Which character took the {1} to the wedding?"),
          ("The {1} that left at noon had {CHAR} on board.",
@@ -231,7 +231,7 @@ TRAIN = {
         [("helicopter", "air"), ("glider", "air"), ("yacht", "sea"), ("submarine", "sea"),
          ("canoe", "water"), ("tram", "rail"), ("train", "rail"), ("bus", "road"),
          ("lorry", "road"), ("motorbike", "road"), ("taxi", "road")],
-        14),
+        15),
 }
 
 DETECT = {

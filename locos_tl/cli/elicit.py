@@ -12,7 +12,7 @@ from locos_tl.cli import app
 from locos_tl.cli._common import fail
 from locos_tl.errors import LocosError
 
-_OUT = Path("data/organisms/smollm2-135m-nolima")
+_RUNS = Path("runs/elicit")
 
 
 @app.command("elicit", short_help="Fine-tune a real model's MLPs to retrieve non-literally "
@@ -20,36 +20,50 @@ _OUT = Path("data/organisms/smollm2-135m-nolima")
 def elicit_command(
     base: Annotated[str, typer.Option(help="base model: zoo name, GGUF file or directory")
                     ] = "smollm2-135m-instruct",
-    out: Annotated[Path, typer.Option(help="run directory (resumed when it holds a "
-                                           "checkpoint)")] = _OUT,
+    out: Annotated[Path | None, typer.Option(
+        help="run directory, resumed when it holds a checkpoint [default: "
+             "runs/elicit/BASE]")] = None,
     data_dir: Annotated[Path | None, typer.Option(
         help="folder with haystack/*.txt holding BOOK (default: the books shipped with "
              "locos_tl)")] = None,
-    book: Annotated[str, typer.Option(help="training book: a shipped book's name, or a "
-                                           "file in DATA_DIR/haystack (keep it apart from "
-                                           "the evaluation books)")
-                    ] = "dracula_part1",
+    book: Annotated[list[str] | None, typer.Option(
+        help="training book, repeatable: a shipped book's name (or everyday_prose), or a "
+             "file in DATA_DIR/haystack; keep them apart from the evaluation books "
+             "[default: dracula_part1, everyday_prose]")] = None,
     needle_set: Annotated[str, typer.Option(
-        help="training needle set (never the evaluation set)")] = "everyday_train",
-    steps: Annotated[int, typer.Option(help="optimizer steps, one trial each")] = 2400,
+        help="training needle set (never the evaluation set)")] = "hop_train",
+    steps: Annotated[int, typer.Option(help="most optimizer steps, one trial each")] = 2000,
     lr: Annotated[float, typer.Option(help="peak learning rate")] = 2e-4,
+    trainable: Annotated[str, typer.Option(
+        help="lora (LoRA on the MLP projections; shippable) or mlp (every MLP weight)")
+                         ] = "lora",
     rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
+    kl_weight: Annotated[float, typer.Option(
+        help="weight of the KL term to the frozen base on book text and non-retrieval "
+             "prompts (0: off)")] = 1.0,
+    patience: Annotated[int, typer.Option(
+        help="validations without a better score before stopping (0: never)")] = 4,
     seed: Annotated[int, typer.Option(help="trials, order and initialisation")] = 0,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
 ) -> None:
-    """Fine-tune only the MLP blocks of BASE (LoRA on gate/up/down projections) on NoLiMa
-    trials of 500-1000 tokens with 1-3 distractor needles, from the training needle set on
-    a training book. Deterministic and resumable (checkpoint every 25 steps); shows the
-    loss and, every 400 steps, the held-out validation accuracy. Writes OUT/adapter,
-    OUT/curve.jsonl and OUT/elicit.json. Needs the elicit extra (peft).
+    """Fine-tune only the MLP blocks of BASE (LoRA on gate/up/down projections, or every
+    MLP weight) on NoLiMa trials of 500-1000 tokens with 0-3 distractor needles, from the
+    training needle set on the training books, plus a KL term to the frozen base on the
+    books' text and on non-retrieval prompts the base answers itself. Deterministic and
+    resumable (checkpoint every 25 steps); shows the loss and, every 100 steps, the
+    validation entries' accuracy and the held-out KL and perplexity; keeps the best
+    validation state and stops early. Writes OUT/adapter, OUT/curve.jsonl and
+    OUT/elicit.json. Needs the elicit extra (peft).
     """
     from locos_tl.organisms.elicit import ElicitConfig, elicit
 
+    out = out or _RUNS / Path(base).name
+    books = tuple(book or ElicitConfig.haystacks)
     cfg = ElicitConfig(base=base, needle_set=needle_set,
-                       haystacks=(book if data_dir is None
-                                  else str(data_dir / "haystack" / book),),
-                       steps=steps, lr=lr,
-                       rank=rank, alpha=2 * rank, seed=seed)
+                       haystacks=(books if data_dir is None
+                                  else tuple(str(data_dir / "haystack" / b) for b in books)),
+                       steps=steps, lr=lr, trainable=trainable, kl_weight=kl_weight,
+                       patience=patience, rank=rank, alpha=2 * rank, seed=seed)
     try:
         adapter = elicit(cfg, out, device=device,
                          log=lambda m: typer.secho(m, err=True, fg=typer.colors.CYAN))

@@ -136,13 +136,37 @@ def merge(entry: ElicitedModel, base_dir: Path, *,
 
 
 def _merged(entry: ElicitedModel, base_dir: Path) -> Any:
+    return merged_model(entry.adapter, base_dir, name=entry.name)
+
+
+def merged_model(adapter: Path, base_dir: Path, *, name: str | None = None) -> Any:
+    """The base checkpoint in ``base_dir`` with the LoRA adapter in ``adapter`` merged in
+    (peft's ``merge_and_unload``; float32 Hugging Face model).
+
+    Raises:
+        ModelLoadError: ``peft`` is not installed (the ``elicit`` extra).
+    """
     import torch
     from transformers import AutoModelForCausalLM
 
     try:
         from peft import PeftModel
     except ImportError as exc:
-        raise ModelLoadError(f"{entry.name!r} needs peft to merge its adapter: pip install "
-                             "'locos_tl[elicit]'") from exc
+        raise ModelLoadError(f"{name or str(adapter)!r} needs peft to merge its adapter: "
+                             "pip install 'locos_tl[elicit]'") from exc
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    return PeftModel.from_pretrained(model, entry.adapter).merge_and_unload()
+    return PeftModel.from_pretrained(model, adapter).merge_and_unload()
+
+
+def save_merged(adapter: Path, base_dir: Path, dest: Path) -> Path:
+    """Merge ``adapter`` into ``base_dir`` and save it with the base's tokenizer files in
+    ``dest`` (a candidate adapter, before it is registered); idempotent."""
+    if (dest / "config.json").is_file():
+        return dest
+    with temporary_folder(dest) as tmp:
+        merged_model(adapter, base_dir).save_pretrained(tmp)
+        for f in base_dir.iterdir():
+            if f.is_file() and f.name.startswith(("tokenizer", "special_tokens", "chat_t")):
+                shutil.copy2(f, tmp / f.name)
+        install_entry(tmp, dest)
+    return dest

@@ -1,14 +1,18 @@
 """Elicit non-literal retrieval in a pretrained chat model by fine-tuning only its MLP
-blocks (LoRA on ``gate_proj``, ``up_proj``, ``down_proj``; ``peft``) on NoLiMa trials
-with distractor needles. Embeddings, norms and every attention weight (``W_Q``, ``W_K``,
-``W_V``, ``W_O``) stay the pretrained ones, so each head's QK and OV circuits do too:
-fine-tuning enhances circuits that already exist (Prakash et al. 2024, "Fine-Tuning
-Enhances Existing Mechanisms", ICLR).
+blocks on NoLiMa trials with distractor needles, while a KL term to the frozen base keeps
+the language model (:mod:`locos_tl.organisms.elicit_keep`). The MLPs are trained either
+through LoRA on ``gate_proj``, ``up_proj``, ``down_proj`` (``peft``; the shippable
+adapter) or in full (``trainable="mlp"``, a pilot). Embeddings, norms and every attention
+weight (``W_Q``, ``W_K``, ``W_V``, ``W_O``) stay the pretrained ones, so each head's QK
+and OV circuits do too: fine-tuning enhances circuits that already exist (Prakash et al.
+2024, "Fine-Tuning Enhances Existing Mechanisms", ICLR).
 
-The run is deterministic (seeded trials, order and initialisation; no dropout) and
-resumable: ``<out>/checkpoint.pt`` (adapter, optimizer, step) is written atomically every
-``save_every`` steps, the learning curve is appended to ``<out>/curve.jsonl``, and the
-finished adapter goes to ``<out>/adapter/`` with provenance in ``<out>/elicit.json``.
+The run is deterministic (seeded trials, order, windows and initialisation; no dropout)
+and resumable: ``<out>/checkpoint.pt`` (trained weights, optimizer, step, early-stopping
+state) is written atomically every ``save_every`` steps, the learning curve is appended
+to ``<out>/curve.jsonl``, the best validation state is kept in ``<out>/best.pt``, and the
+finished weights go to ``<out>/adapter/`` with provenance in ``<out>/elicit.json``.
+Early stopping reads the validation entries only (held out of the training set).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from typing import Any
 import torch
 
 from locos_tl.errors import LocosError
+from locos_tl.organisms.elicit_keep import KeepData, keep_validation, kl_to_base
 from locos_tl.trials import Trial
 
 #: the MLP projections LoRA adapts (Llama / Qwen / Gemma / OLMo naming)
@@ -40,38 +45,57 @@ class ElicitConfig:
         base: a zoo name or checkpoint directory (the pretrained model).
         needle_set: training needle set (shipped name or file); never the evaluation set.
         haystacks: training books: names of books shipped with locos_tl
-            (:func:`locos_tl.data.packaged.book_names`) or paths of text files.
-        steps: optimizer steps (one trial each, batch 1).
+            (:func:`locos_tl.data.packaged.book_names`, or ``everyday_prose``) or paths of
+            text files. They are also the plain text of the KL term.
+        steps: most optimizer steps (one trial each, batch 1).
         lr: peak AdamW learning rate (linear warm-up, cosine decay to 10 %).
         warmup: warm-up steps.
+        trainable: ``"lora"`` (LoRA on the MLP projections) or ``"mlp"`` (every MLP
+            weight).
         rank, alpha: LoRA rank and scale (``alpha / rank`` multiplies ``B A``).
         lengths: prompt lengths in tokens (chat template included).
         distractors: distractor needles a trial (equal shares).
         question_types: NoLiMa question types (equal shares).
         n_validation: entries held out of training to validate on.
+        validation_split: ``"kind"`` (entries spread over the link kinds) or ``"last"``
+            (the last entries by id).
         val_trials, val_length, val_every: validation trials per question type, their
             length, and how often (steps) they are decoded.
+        kl_weight: weight of the KL term to the frozen base (0 turns it off).
+        kl_window: tokens of book text in the KL term a step.
+        patience: validations without a better score before stopping (0: never stop
+            early). The score is ``onehop`` target minus distractor rate on the
+            validation entries, among validations whose held-out perplexity is within
+            ``max_ppl_ratio`` of the base's.
+        max_ppl_ratio: the most perplexity (model over base, held-out book text) a kept
+            checkpoint may have (only with the KL term).
         save_every: checkpoint interval (steps).
-        seed: trials, order and LoRA initialisation.
+        seed: trials, order, windows and LoRA initialisation.
         bf16_autocast: run forward and backward under CPU/GPU bfloat16 autocast (the
-            adapter's weights and the optimizer stay float32).
+            trained weights and the optimizer stay float32).
     """
 
     base: str = "smollm2-135m-instruct"
-    needle_set: str = "everyday_train"
-    haystacks: tuple[str, ...] = ("dracula_part1",)
-    steps: int = 2400
+    needle_set: str = "hop_train"
+    haystacks: tuple[str, ...] = ("dracula_part1", "everyday_prose")
+    steps: int = 2000
     lr: float = 2e-4
     warmup: int = 50
+    trainable: str = "lora"
     rank: int = 16
     alpha: int = 32
     lengths: tuple[int, ...] = (500, 750, 1000)
-    distractors: tuple[int, ...] = (1, 2, 3)
+    distractors: tuple[int, ...] = (0, 1, 2, 3)
     question_types: tuple[str, ...] = ("onehop", "direct")
-    n_validation: int = 10
+    n_validation: int = 11
+    validation_split: str = "kind"
     val_trials: int = 24
     val_length: int = 1000
-    val_every: int = 400
+    val_every: int = 100
+    kl_weight: float = 1.0
+    kl_window: int = 256
+    patience: int = 4
+    max_ppl_ratio: float = 1.05
     save_every: int = 25
     seed: int = 0
     bf16_autocast: bool = True
@@ -114,6 +138,47 @@ def add_mlp_lora(model: Any, cfg: ElicitConfig) -> Any:
     return get_peft_model(model, lora)
 
 
+def freeze_all_but_mlp(model: Any) -> Any:
+    """Train every MLP weight of ``model`` and nothing else (``trainable="mlp"``)."""
+    for name, p in model.named_parameters():
+        p.requires_grad_(".mlp." in name)
+    return model
+
+
+def prepare_trainable(model: Any, cfg: ElicitConfig) -> Any:
+    """``model`` ready to train its MLPs as ``cfg.trainable`` says.
+
+    Raises:
+        LocosError: an unknown ``trainable``; peft missing for ``"lora"``.
+    """
+    if cfg.trainable == "lora":
+        return add_mlp_lora(model, cfg)
+    if cfg.trainable == "mlp":
+        return freeze_all_but_mlp(model)
+    raise LocosError(f"trainable must be 'lora' or 'mlp', not {cfg.trainable!r}")
+
+
+def trained_state(model: Any, cfg: ElicitConfig) -> dict[str, torch.Tensor]:
+    """The trained weights (LoRA matrices or MLP weights), detached copies."""
+    if cfg.trainable == "lora":
+        from peft import get_peft_model_state_dict
+
+        return {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def load_trained_state(model: Any, state: dict[str, torch.Tensor], cfg: ElicitConfig) -> None:
+    if cfg.trainable == "lora":
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, state)
+        return
+    with torch.no_grad():
+        params = dict(model.named_parameters())
+        for n, v in state.items():
+            params[n].copy_(v)
+
+
 def _autocast(cfg: ElicitConfig, device: str) -> Any:
     return torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16,
                           enabled=cfg.bf16_autocast)
@@ -133,22 +198,26 @@ def step_loss(model: Any, tokenizer: Any, trial: Trial, cfg: ElicitConfig,
 def validate(model: Any, tokenizer: Any, trials: dict[str, Sequence[Trial]],
              cfg: ElicitConfig, device: str, max_new_tokens: int = 8) -> dict[str, float]:
     """Greedy answers on the validation trials: per question type the fraction that
-    names the target (NoLiMa ``contains``) and the fraction that names a distractor."""
+    names the target (NoLiMa ``contains``), the fraction that names a distractor, and the
+    mean teacher-forced cross-entropy of the answer (``{qtype}_ce``, nats per token)."""
     model.eval()
     out: dict[str, float] = {}
     for qtype, ts in trials.items():
         hit = rival = 0
+        ce = 0.0
         for t in ts:
             ids = torch.tensor([list(t.tokens)], device=device)
             with _autocast(cfg, device):
                 gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids),
                                      max_new_tokens=max_new_tokens, do_sample=False,
                                      pad_token_id=tokenizer.eos_token_id)
+            ce += float(step_loss(model, tokenizer, t, cfg, device))
             text = tokenizer.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
             hit += t.answer in text
             rival += any(n in text for n in t.meta.get("distractor_names", []))
         out[f"{qtype}_target"] = hit / len(ts)
         out[f"{qtype}_distractor"] = rival / len(ts)
+        out[f"{qtype}_ce"] = ce / len(ts)
     model.train()
     return out
 
@@ -164,65 +233,115 @@ def _append(path: Path, row: dict[str, Any]) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def validation_score(row: dict[str, float], cfg: ElicitConfig) -> float | None:
+    """Early stopping's score of a validation row: ``onehop`` target minus distractor
+    rate; ``None`` (not eligible) when held-out perplexity exceeds ``max_ppl_ratio``."""
+    if "ppl_ratio" in row and row["ppl_ratio"] > cfg.max_ppl_ratio:
+        return None
+    if "onehop_target" not in row:
+        return None
+    return row["onehop_target"] - row.get("onehop_distractor", 0.0)
+
+
+def _keep_loss(model: Any, keep: KeepData, step: int, cfg: ElicitConfig,
+               device: str) -> tuple[torch.Tensor, float, float]:
+    text = kl_to_base(model, keep.base, keep.train_window(step), device=device,
+                      autocast=cfg.bf16_autocast)
+    prompt = kl_to_base(model, keep.base, keep.train_prompt(step), device=device,
+                        autocast=cfg.bf16_autocast)
+    return keep.weight * (text + prompt), text.item(), prompt.item()
+
+
 def train_adapter(model: Any, tokenizer: Any, train: Sequence[Trial],
                   val: dict[str, Sequence[Trial]], cfg: ElicitConfig, out: Path, *,
-                  device: str = "cpu", log: Callable[[str], None] = print) -> dict[str, Any]:
-    """Train (or resume) the MLP LoRA adapter of ``model`` (already wrapped by
-    :func:`add_mlp_lora`) on ``train``, one trial a step.
+                  device: str = "cpu", keep: KeepData | None = None,
+                  log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Train (or resume) the MLPs of ``model`` (prepared by :func:`prepare_trainable`)
+    on ``train``, one trial a step, plus the KL term of ``keep`` when given.
+
+    Every ``val_every`` steps the validation trials are decoded (and ``keep``'s held-out
+    text and prompts scored); the best eligible state (:func:`validation_score`) is kept
+    in ``out/best.pt`` and loaded into ``model`` at the end. Training stops after
+    ``cfg.patience`` validations without a better score.
 
     Returns:
-        ``{"steps", "seconds", "validation"}``: steps done, training seconds of this call
-        and the last validation.
+        ``{"steps", "stopped_at", "best_step", "seconds", "validation"}``: the configured
+        steps, the step training ended at, the step of the kept state (``None``: the last
+        one), training seconds of this call and the kept state's validation row.
 
     Raises:
         LocosError: a checkpoint from another configuration is in ``out``.
     """
-    from peft import get_peft_model_state_dict, set_peft_model_state_dict
     from tqdm.auto import tqdm
 
     out.mkdir(parents=True, exist_ok=True)
-    ckpt_path, curve = out / "checkpoint.pt", out / "curve.jsonl"
+    ckpt_path, best_path, curve = out / "checkpoint.pt", out / "best.pt", out / "curve.jsonl"
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=cfg.lr, weight_decay=0.0)
-    start = 0
+    start, stop = 0, {"best": None, "best_step": None, "since": 0, "row": {}}
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
         if ckpt["config"] != cfg.to_dict():
             raise LocosError(f"{ckpt_path} was trained with another configuration; use "
                              "another --out or the same options")
-        set_peft_model_state_dict(model, ckpt["adapter"])
+        load_trained_state(model, ckpt["adapter"], cfg)
         opt.load_state_dict(ckpt["optimizer"])
-        start = ckpt["step"]
+        start, stop = ckpt["step"], ckpt.get("stop", stop)
         log(f"resuming at step {start} of {cfg.steps}")
     model.train()
-    last_val: dict[str, float] = {}
-    t0, window = time.perf_counter(), []
+    last_val: dict[str, float] = dict(stop["row"])
+    t0, window, kl_window = time.perf_counter(), [], []
     bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc="elicit")
+    done = start
     for step in bar:
+        if cfg.patience and stop["since"] >= cfg.patience:
+            log(f"early stop at step {done}: no better validation for {cfg.patience} checks")
+            break
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)
         loss = step_loss(model, tokenizer, train[step], cfg, device)
+        window.append(loss.item())
+        if keep is not None and keep.weight > 0:
+            kl, kl_text, kl_prompt = _keep_loss(model, keep, step, cfg, device)
+            loss = loss + kl
+            kl_window.append((kl_text, kl_prompt))
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        window.append(loss.item())
         done = step + 1
         row: dict[str, Any] = {}
         if done % cfg.val_every == 0 or done == cfg.steps:
+            model.eval()
             last_val = validate(model, tokenizer, val, cfg, device)
+            if keep is not None:
+                last_val.update(keep_validation(model, keep, device=device,
+                                                autocast=cfg.bf16_autocast))
+            model.train()
             row.update(last_val)
+            score = validation_score(last_val, cfg)
+            if score is not None and (stop["best"] is None or score > stop["best"]):
+                stop = {"best": score, "best_step": done, "since": 0, "row": last_val}
+                _save_atomic(trained_state(model, cfg), best_path)
+            else:
+                stop["since"] += 1
         if done % cfg.save_every == 0 or done == cfg.steps or row:
             row = {"step": done, "loss": sum(window) / len(window), "lr": lr_at(cfg, step),
                    "seconds": round(time.perf_counter() - t0, 1), **row}
+            if kl_window:
+                row["kl_text_train"] = sum(k[0] for k in kl_window) / len(kl_window)
+                row["kl_prompts_train"] = sum(k[1] for k in kl_window) / len(kl_window)
             _append(curve, row)
-            window = []
+            window, kl_window = [], []
             _save_atomic({"config": cfg.to_dict(), "step": done, "optimizer": opt.state_dict(),
-                          "adapter": get_peft_model_state_dict(model)}, ckpt_path)
+                          "adapter": trained_state(model, cfg), "stop": stop}, ckpt_path)
             bar.set_postfix(loss=f"{row['loss']:.3f}",
                             **{k: f"{v:.2f}" for k, v in last_val.items()})
-    return {"steps": cfg.steps, "seconds": round(time.perf_counter() - t0, 1),
-            "validation": last_val}
+    if stop["best_step"] is not None and best_path.exists():
+        load_trained_state(model, torch.load(best_path, weights_only=False), cfg)
+        last_val = dict(stop["row"])
+    return {"steps": cfg.steps, "stopped_at": done, "best_step": stop["best_step"],
+            "seconds": round(time.perf_counter() - t0, 1), "validation": last_val}
 
 
 def base_directory(base: str) -> Path:
@@ -270,9 +389,10 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     torch.manual_seed(cfg.seed)
     base_dir = base_directory(cfg.base)
     tok = AutoTokenizer.from_pretrained(base_dir)
-    hay = lt.load_haystacks([_book(h) for h in cfg.haystacks])
+    books = [_book(h) for h in cfg.haystacks]
+    hay = lt.load_haystacks(books)
     train_entries, val_entries = split_entries(lt.load_needle_set(cfg.needle_set),
-                                               cfg.n_validation)
+                                               cfg.n_validation, by=cfg.validation_split)
     builder = PromptBuilder(tok)
     log(f"building {cfg.steps} training trials from {len(train_entries)} entries")
     train = training_trials(tok, train_entries, hay, steps=cfg.steps, lengths=cfg.lengths,
@@ -281,15 +401,25 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     val = validation_trials(tok, val_entries, hay, n=cfg.val_trials, length=cfg.val_length,
                             question_types=cfg.question_types, seed=cfg.seed, builder=builder)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
-    model = add_mlp_lora(model, cfg)
+    keep = None
+    if cfg.kl_weight > 0:
+        keep = keep_data(tok, base_dir, books, cfg, out, device=device, log=log)
+    model = prepare_trainable(model, cfg)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
-    log(f"LoRA on {', '.join(MLP_MODULES)}: {n_train / 1e6:.2f}M trainable parameters")
-    result = train_adapter(model, tok, train, val, cfg, out, device=device, log=log)
+    what = f"LoRA on {', '.join(MLP_MODULES)}" if cfg.trainable == "lora" else "MLP weights"
+    log(f"{what}: {n_train / 1e6:.2f}M trainable parameters")
+    result = train_adapter(model, tok, train, val, cfg, out, device=device, keep=keep, log=log)
     adapter = out / "adapter"
-    model.save_pretrained(adapter)
-    (adapter / "README.md").unlink(missing_ok=True)  # peft's empty card template
-    record = {"config": cfg.to_dict(), "base_directory": str(base_dir),
-              "base_config_sha256": _sha(base_dir / "config.json"),
+    if cfg.trainable == "lora":
+        model.save_pretrained(adapter)
+        (adapter / "README.md").unlink(missing_ok=True)  # peft's empty card template
+    else:
+        from safetensors.torch import save_file
+
+        adapter.mkdir(parents=True, exist_ok=True)
+        save_file({k: v.contiguous() for k, v in trained_state(model, cfg).items()},
+                  adapter / "mlp_weights.safetensors")
+    record = {"config": cfg.to_dict(), "base_config_sha256": _sha(base_dir / "config.json"),
               "validation_entries": [e.id for e in val_entries],
               "trainable_parameters": n_train, "torch": torch.__version__,
               "threads": torch.get_num_threads(), **result}
@@ -297,10 +427,34 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     return adapter
 
 
+def keep_data(tokenizer: Any, base_dir: Path, books: Sequence[Path], cfg: ElicitConfig,
+              out: Path, *, device: str = "cpu",
+              log: Callable[[str], None] = print) -> KeepData:
+    """The KL term's data: a frozen copy of the base, the training books' tokens and the
+    non-retrieval prompts answered by the base (cached in ``out/keep_prompts.json``)."""
+    from transformers import AutoModelForCausalLM
+
+    from locos_tl.organisms.elicit_keep import book_tokens, keep_questions, keep_sequences
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
+    base.eval().requires_grad_(False)
+    out.mkdir(parents=True, exist_ok=True)
+    log("answering the non-retrieval prompts with the frozen base")
+    prompts = keep_sequences(tokenizer, base, keep_questions(cfg.seed), device=device,
+                             cache=out / "keep_prompts.json",
+                             key=_sha(base_dir / "model.safetensors"))
+    texts = [Path(b).read_text(encoding="utf-8") for b in books]
+    return KeepData(base=base, books=book_tokens(tokenizer, texts), prompts=prompts,
+                    window=cfg.kl_window, weight=cfg.kl_weight, seed=cfg.seed)
+
+
 def _book(name_or_path: str) -> Path:
-    """A shipped book by name (``dracula_part1``), else a path."""
+    """A shipped book by name (``dracula_part1``; ``everyday_prose``), else a path."""
+    from locos_tl.data.haystack import PROSE_HAYSTACK
     from locos_tl.data.packaged import book_names, book_path
 
+    if name_or_path == PROSE_HAYSTACK.stem:
+        return PROSE_HAYSTACK
     return book_path(name_or_path) if name_or_path in book_names() else Path(name_or_path)
 
 

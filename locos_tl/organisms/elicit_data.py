@@ -19,19 +19,41 @@ from locos_tl.trials import Trial
 TRAIN_DEPTHS = tuple(float(d) for d in range(0, 101, 10))
 
 
-def split_entries(entries: Sequence[NoLiMaEntry], n_validation: int
+def split_entries(entries: Sequence[NoLiMaEntry], n_validation: int, *, by: str = "last"
                   ) -> tuple[list[NoLiMaEntry], list[NoLiMaEntry]]:
-    """``(training, validation)``: the last ``n_validation`` entries by id validate.
+    """``(training, validation)``. ``by="last"``: the last ``n_validation`` entries by id
+    validate. ``by="kind"``: the validation entries are spread over the link kinds
+    (``reasoning_type``): the last entry of each kind in turn, kinds in order of first
+    appearance, until ``n_validation`` are taken.
 
     Raises:
         DataFormatError: fewer than ``n_validation + 2`` entries (a distractor needs an
-            entry besides the target's on each side).
+            entry besides the target's on each side); an unknown ``by``.
     """
     ordered = sorted(entries, key=lambda e: e.id)
     if len(ordered) < n_validation + 2 or n_validation < 2:
         raise DataFormatError(f"{len(ordered)} entries cannot give {n_validation} "
                               "validation entries (at least 2) and 2 training entries")
-    return ordered[:-n_validation], ordered[-n_validation:]
+    if by == "last":
+        return ordered[:-n_validation], ordered[-n_validation:]
+    if by != "kind":
+        raise DataFormatError(f"validation split must be 'last' or 'kind', not {by!r}")
+    kinds: dict[str, list[NoLiMaEntry]] = {}
+    for e in ordered:
+        kinds.setdefault(e.reasoning_type, []).append(e)
+    held: list[NoLiMaEntry] = []
+    depth = 1
+    while len(held) < n_validation:
+        if depth >= max(len(es) for es in kinds.values()):
+            raise DataFormatError(f"{len(ordered)} entries in {len(kinds)} kinds cannot "
+                                  f"give {n_validation} validation entries and keep an "
+                                  "entry of every kind for training")
+        for es in kinds.values():
+            if len(es) > depth and len(held) < n_validation:
+                held.append(es[-depth])
+        depth += 1
+    ids = {e.id for e in held}
+    return [e for e in ordered if e.id not in ids], sorted(held, key=lambda e: e.id)
 
 
 def training_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],

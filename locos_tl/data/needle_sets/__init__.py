@@ -16,7 +16,7 @@ The sets and what each is for:
   ``scripts/make_hop_sets.py``). Every test's ``input_args`` are ``[cue, target]``: the
   needle names the cue (``{CHAR} has rented a small flat in Paris``), the ``onehop``
   question what it links to (``Which character lives in France?``), ``reasoning_type``
-  the link kind (``city_country``). ``hop_train`` (154 entries, 11 kinds) trains the
+  the link kind (``city_country``). ``hop_train`` (165 entries, 11 kinds) trains the
   hop; ``hop_detect`` (44, 4 of the training kinds) is where head rankings are
   computed, with no needle template, question, cue, target or name of training;
   ``hop_eval`` (48, 8 kinds absent from training) is where ablations and targets run.

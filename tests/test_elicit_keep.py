@@ -1,0 +1,208 @@
+"""Keeping the model while eliciting: the KL term against a brute-force KL, the
+non-retrieval prompts disjoint from the specificity controls, validation entries spread
+over link kinds, full-MLP training leaving attention, norms and embeddings bit for bit,
+early stopping on the validation score with the best state kept, and resumption with the
+KL term on."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("peft", reason="the elicit extra is not installed")
+
+from locos_tl.data import load_needle_set  # noqa: E402
+from locos_tl.data.controls import arithmetic_examples, parametric_examples  # noqa: E402
+from locos_tl.errors import DataFormatError  # noqa: E402
+from locos_tl.organisms import elicit as el  # noqa: E402
+from locos_tl.organisms import elicit_keep as ek  # noqa: E402
+from locos_tl.organisms.elicit_data import split_entries  # noqa: E402
+from locos_tl.trials import Trial  # noqa: E402
+
+
+def _hf(tiny_dirs):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    d = tiny_dirs["llama"]
+    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), \
+        AutoTokenizer.from_pretrained(d)
+
+
+def _trials(tok, n=4):
+    out = []
+    for i in range(n):
+        text = f"The lazy dog near the river is {['Yuki', 'Anna'][i % 2]}. Which one?"
+        out.append(Trial(tok(text)["input_ids"], (0, 4), ["Yuki", "Anna"][i % 2],
+                         prompt=text))
+    return out
+
+
+def _keep(tiny_dirs, weight=1.0):
+    base, tok = _hf(tiny_dirs)
+    base.eval().requires_grad_(False)
+    text = "The river ran past the mill and the old bridge towards the sea. " * 40
+    books = ek.book_tokens(tok, [text])
+    prompts = [tok(f"Question: what is {a} + {a}?\nAnswer: {2 * a}")["input_ids"]
+               for a in range(10, 26)]
+    return ek.KeepData(base=base, books=books, prompts=prompts, window=24, weight=weight)
+
+
+def test_kl_equals_brute_force_and_vanishes_on_the_base(tiny_dirs):
+    model, tok = _hf(tiny_dirs)
+    keep = _keep(tiny_dirs)
+    ids = keep.train_window(3)
+    assert len(ids) == 24
+    assert ek.kl_to_base(model, keep.base, ids).item() == 0.0  # same weights, same kernels
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if ".mlp." in n:
+                p.add_(torch.randn(p.shape, generator=torch.Generator().manual_seed(len(n)))
+                       * 0.05)
+        x = torch.tensor([ids])
+        p = model(x).logits[0].double().softmax(-1)
+        q = keep.base(x).logits[0].double().softmax(-1)
+        want = sum(float((q[t] * (q[t].log() - p[t].log())).sum()) for t in range(len(ids)))
+    got = ek.kl_to_base(model, keep.base, ids).item()
+    assert got > 0
+    assert got == pytest.approx(want / len(ids), rel=1e-4)  # float32 log-softmax vs float64
+
+
+def test_keep_prompts_are_not_control_questions():
+    qs = ek.keep_questions(seed=0)
+    assert len(qs) == len(set(qs)) == len(ek.KEEP_FACTS) + 32 + len(ek.KEEP_CHAT)
+    controls = {e.question for e in parametric_examples()}
+    controls |= {e.question for e in arithmetic_examples(200, seed=0)}
+    assert not set(qs) & controls
+    sums = [q for q in qs if q.startswith("What is") and q[8].isdigit()]
+    assert len(sums) == 32
+    for q in sums:  # two digits each side: never one of the 1-digit controls
+        a, _, b = q.removeprefix("What is ").removesuffix("?").split()
+        assert 10 <= int(a) <= 99 and 10 <= int(b) <= 99
+    assert ek.keep_questions(seed=0) == qs and ek.keep_questions(seed=1) != qs
+
+
+def test_held_out_windows_and_prompts_never_train(tiny_dirs):
+    keep = _keep(tiny_dirs)
+    (book,) = keep.books
+    cut = int(len(book) * 0.9)
+    held = {tuple(w) for w in keep.val_windows()}
+    assert held and all(list(w) == book[cut + i * 24: cut + (i + 1) * 24]
+                        for i, w in enumerate(keep.val_windows()))
+    for step in range(200):
+        w = keep.train_window(step)
+        start = next(i for i in range(len(book)) if book[i:i + 24] == w)
+        assert start + 24 <= cut
+        assert keep.train_prompt(step) not in keep.val_prompts()
+    assert keep.train_window(7) == keep.train_window(7)  # seeded by step
+
+
+def test_validation_entries_spread_over_kinds():
+    entries = load_needle_set("hop_train")
+    train, val = split_entries(entries, 11, by="kind")
+    assert len(train) == len(entries) - 11 >= 150
+    assert len({e.reasoning_type for e in val}) == 11
+    assert not {e.id for e in train} & {e.id for e in val}
+    assert {e.reasoning_type for e in train} == {e.reasoning_type for e in entries}
+    last_train, last_val = split_entries(entries, 11, by="last")
+    assert len({e.reasoning_type for e in last_val}) == 1  # why "kind" is the default
+    with pytest.raises(DataFormatError, match="'last' or 'kind'"):
+        split_entries(entries, 11, by="random")
+
+
+def test_full_mlp_training_keeps_attention_norms_embeddings(tiny_dirs, tmp_path):
+    model, tok = _hf(tiny_dirs)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    cfg = el.ElicitConfig(trainable="mlp", steps=3, warmup=1, lr=1e-2, save_every=1,
+                          val_every=100, bf16_autocast=False, patience=0)
+    model = el.prepare_trainable(model, cfg)
+    el.train_adapter(model, tok, _trials(tok), {}, cfg, tmp_path, keep=_keep(tiny_dirs),
+                     log=lambda m: None)
+    moved = 0
+    for n, p in model.named_parameters():
+        if ".mlp." in n:
+            moved += not torch.equal(p, before[n])
+        else:
+            assert torch.equal(p, before[n]), n
+    assert moved == 3 * 2
+    with pytest.raises(el.LocosError, match="'lora' or 'mlp'"):
+        el.prepare_trainable(model, el.ElicitConfig(trainable="attention"))
+
+
+def test_early_stopping_keeps_the_best_validation_state(tiny_dirs, tmp_path, monkeypatch):
+    """Validation scores 0.5, 0.25, then 0.75 with perplexity over the bound (not
+    eligible): with patience 2 the run stops after step 3 and the model ends in the
+    state of step 1."""
+    cfg = el.ElicitConfig(steps=8, warmup=1, rank=2, alpha=4, save_every=1, val_every=1,
+                          bf16_autocast=False, lr=1e-2, patience=2)
+    rows = iter([{"onehop_target": 0.5, "onehop_distractor": 0.0},
+                 {"onehop_target": 0.5, "onehop_distractor": 0.25},
+                 {"onehop_target": 0.75, "onehop_distractor": 0.0, "ppl_ratio": 1.2},
+                 {"onehop_target": 0.25, "onehop_distractor": 0.0}])
+    monkeypatch.setattr(el, "validate", lambda *a, **k: dict(next(rows)))
+    model, tok = _hf(tiny_dirs)
+    model = el.add_mlp_lora(model, cfg)
+    states = []
+    real = el.trained_state
+
+    def record(m, c):
+        s = real(m, c)
+        states.append(copy.deepcopy(s))
+        return s
+
+    monkeypatch.setattr(el, "trained_state", record)
+    out = el.train_adapter(model, tok, _trials(tok, 8), {"onehop": []}, cfg, tmp_path,
+                           log=lambda m: None)
+    assert out["best_step"] == 1 and out["stopped_at"] == 3
+    assert out["validation"] == {"onehop_target": 0.5, "onehop_distractor": 0.0}
+    best = torch.load(tmp_path / "best.pt", weights_only=False)
+    final = real(model, cfg)
+    for k in best:
+        assert torch.equal(final[k], best[k]), k
+    assert not all(torch.equal(final[k], states[-1][k]) for k in final)  # it rolled back
+    steps = [json.loads(x)["step"] for x in (tmp_path / "curve.jsonl").open()]
+    assert steps == [1, 2, 3]
+
+
+def test_validation_score_rules():
+    cfg = el.ElicitConfig()
+    assert el.validation_score({"onehop_target": 0.7, "onehop_distractor": 0.1}, cfg) \
+        == pytest.approx(0.6)
+    assert el.validation_score({"onehop_target": 0.7, "ppl_ratio": 1.06}, cfg) is None
+    assert el.validation_score({"direct_target": 1.0}, cfg) is None
+
+
+def test_resumed_run_with_kl_equals_uninterrupted(tiny_dirs, tmp_path, monkeypatch):
+    cfg = el.ElicitConfig(steps=4, warmup=1, rank=2, alpha=4, save_every=1, val_every=100,
+                          bf16_autocast=False, lr=1e-2, patience=0)
+
+    def run(out, stop_after=None):
+        model, tok = _hf(tiny_dirs)
+        model = el.add_mlp_lora(model, cfg)
+        calls = {"n": 0}
+        real = el._keep_loss
+
+        def limited(*a, **k):
+            calls["n"] += 1
+            if stop_after is not None and calls["n"] > stop_after:
+                raise KeyboardInterrupt
+            return real(*a, **k)
+
+        monkeypatch.setattr(el, "_keep_loss", limited)
+        try:
+            el.train_adapter(model, tok, _trials(tok), {}, cfg, out, keep=_keep(tiny_dirs),
+                             log=lambda m: None)
+        finally:
+            monkeypatch.setattr(el, "_keep_loss", real)
+        return el.trained_state(model, cfg)
+
+    whole = run(tmp_path / "a")
+    with pytest.raises(KeyboardInterrupt):
+        run(tmp_path / "b", stop_after=2)
+    resumed = run(tmp_path / "b")
+    for k in whole:
+        assert torch.equal(whole[k], resumed[k]), k
+    rows = [json.loads(x) for x in (tmp_path / "a" / "curve.jsonl").open()]
+    assert all(r["kl_text_train"] > 0 and r["kl_prompts_train"] >= 0 for r in rows[1:])
