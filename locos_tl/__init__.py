@@ -37,6 +37,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "ablation_sweep": ("locos_tl.experiments.evaluate", "ablation_sweep"),
     "AblationMeans": ("locos_tl.engine.ablation", "AblationMeans"),
     "answer_steps": ("locos_tl.engine.answers", "answer_steps"),
+    "atp_heads": ("locos_tl.experiments.atp", "atp_heads"),
     "build_arithmetic_trials": ("locos_tl.data", "build_arithmetic_trials"),
     "build_niah_trials": ("locos_tl.data", "build_niah_trials"),
     "build_nolima_trials": ("locos_tl.data", "build_nolima_trials"),
@@ -73,6 +74,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "passes_gate": ("locos_tl.engine.answers", "passes_gate"),
     "patch_heads": ("locos_tl.experiments.patching", "patch_heads"),
     "phi_layer": ("locos_tl.engine.kernel", "phi_layer"),
+    "qrhead_heads": ("locos_tl.experiments.qrhead", "qrhead_heads"),
     "phi_tensor": ("locos_tl.engine.phi", "phi_tensor"),
     "plot": ("locos_tl.plot", None),  # lt.plot.head_heatmap, ...
     "random_heads": ("locos_tl.engine.ablation", "random_heads"),
@@ -97,6 +99,7 @@ __all__ = [
     "ablation_sweep",
     "AblationMeans",
     "answer_steps",
+    "atp_heads",
     "build_arithmetic_trials",
     "build_niah_trials",
     "build_nolima_trials",
@@ -134,6 +137,7 @@ __all__ = [
     "phi_layer",
     "phi_tensor",
     "plot",
+    "qrhead_heads",
     "random_heads",
     "RayWorkers",
     "rouge1_recall",
@@ -200,11 +204,13 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
         ModelLoadError,
         TrialError,
     )
+    from locos_tl.experiments.atp import atp_heads
     from locos_tl.experiments.compare import compare_rankings
     from locos_tl.experiments.compress import compression_sweep, kv_budgets
     from locos_tl.experiments.evaluate import ablation_sweep, dissociation_score
     from locos_tl.experiments.evaluate import evaluate as evaluate  # the renamed alias
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
+    from locos_tl.experiments.qrhead import qrhead_heads
     from locos_tl.experiments.run_table import load_evaluation
     from locos_tl.experiments.score import score_methods, score_trials
     from locos_tl.experiments.stats import paired_tests

@@ -45,18 +45,19 @@ def check_choice(value: str, allowed: Iterable[str], option: str) -> str:
 
 
 def check_methods(text: str, option: str = "--method") -> list[str]:
-    """Comma-separated detector names (``"locos,wu"``), each a registered detector.
+    """Comma-separated method names (``"locos,wu"``), each a registered detector or one
+    of :data:`~locos_tl.detectors.FORWARD_METHODS` (``atp``, ``qrhead``).
 
     Raises:
         typer.BadParameter: no name, or an unknown one (the message lists the known ones).
     """
-    from locos_tl.detectors import DETECTORS
+    from locos_tl.detectors import DETECTORS, FORWARD_METHODS
 
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
         raise typer.BadParameter("no method given", param_hint=f"'{option}'")
     for m in names:
-        check_choice(m, sorted(DETECTORS), option)
+        check_choice(m, sorted([*DETECTORS, *FORWARD_METHODS]), option)
     return names
 
 

@@ -183,7 +183,9 @@ def score(
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
     variant: Annotated[str, typer.Option(help="raw (paper) or exact (norms frozen).")] = "raw",
     method: Annotated[str, typer.Option(help="Comma-separated methods: locos, wu, headkv, "
-                                             "headkv_anchor, attention_spatial, dla.")] = "locos",
+                                             "headkv_anchor, attention_spatial, dla; atp "
+                                             "(attribution patching) and qrhead run their "
+                                             "own forwards, into OUT/<method>/.")] = "locos",
     max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 50,
     stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
                                                 "bare newline token stops) or "
@@ -214,6 +216,7 @@ def score(
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
     import warnings
 
+    from locos_tl.detectors import FORWARD_METHODS
     from locos_tl.engine.answers import GATE_THRESHOLD
     from locos_tl.engine.stops import STOP_RULES
     from locos_tl.engine.unembed import VARIANTS
@@ -225,6 +228,11 @@ def score(
     check_choice(variant, VARIANTS, "--variant")
     check_choice(stop_rule, STOP_RULES, "--stop-rule")
     requested = check_methods(method)
+    own = [m for m in requested if m in FORWARD_METHODS]
+    if own and (workers > 1 or ray_address is not None):
+        raise typer.BadParameter(f"{', '.join(own)} run in this process only: use "
+                                 "--workers 1 (score them in a run of their own)",
+                                 param_hint="'--method'")
     check_dtype(dtype)
     check_out_dir(out)
     try:

@@ -16,6 +16,12 @@ DETECTORS: dict[str, type[Detector]] = {
     "dla": DLA,
 }
 
+#: Methods that run their own forward passes per trial instead of reading the shared
+#: decode pass: attribution patching (:mod:`locos_tl.experiments.atp`) and QRHead
+#: (:mod:`locos_tl.experiments.qrhead`). ``score_methods`` scores them beside the
+#: detectors; a run directory keeps each one's records in its own folder ``D/<method>/``.
+FORWARD_METHODS: tuple[str, ...] = ("atp", "qrhead")
+
 
 def get_detector(name: str, span: str | None = None) -> Detector:
     """Instantiate the detector registered as ``name``.
@@ -30,9 +36,13 @@ def get_detector(name: str, span: str | None = None) -> Detector:
     try:
         cls = DETECTORS[name]
     except KeyError:
+        if name in FORWARD_METHODS:
+            raise ValueError(f"{name!r} is no decode-step detector: it runs its own forward "
+                             "passes (score_methods or score_trials score it)") from None
         raise ValueError(f"unknown method {name!r}; use one of {sorted(DETECTORS)}") from None
     return cls(span=span)
 
 
-__all__ = ["DETECTORS", "SPAN_NAMES", "Detector", "SpanName", "TrialOutcome", "get_detector",
-           "Locos", "DLA", "WuCopy", "HeadKV", "HeadKVAnchor", "AttentionSpatial"]
+__all__ = ["DETECTORS", "FORWARD_METHODS", "SPAN_NAMES", "Detector", "SpanName",
+           "TrialOutcome", "get_detector", "Locos", "DLA", "WuCopy", "HeadKV", "HeadKVAnchor",
+           "AttentionSpatial"]

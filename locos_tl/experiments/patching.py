@@ -42,12 +42,12 @@ from locos_tl.engine.interventions import intervene
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, keep_resid_pre, start_at_layer
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import TrialError
-from locos_tl.experiments.score import check_trials_fit
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import RecordStore
+from locos_tl.runs.runner import check_trials_fit
 from locos_tl.tokenize import check_no_bos, encode_fragment
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 

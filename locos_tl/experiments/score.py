@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, overload
 
+from locos_tl.detectors import FORWARD_METHODS, SPAN_NAMES
 from locos_tl.engine.answers import GATE_THRESHOLD
 from locos_tl.engine.forward import engine_paths
 from locos_tl.engine.stops import StopRule
@@ -75,7 +76,9 @@ def score_trials(model: Any, trials: Any, *, method: str | None = None,
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
         method: ``"locos"`` (default, also for None), ``"wu"``, ``"headkv"``, ``"headkv_anchor"``,
-            ``"attention_spatial"`` or ``"dla"``.
+            ``"attention_spatial"``, ``"dla"``, or one with its own forward passes:
+            ``"atp"`` (:func:`locos_tl.experiments.atp.atp_heads`) or ``"qrhead"``
+            (:func:`locos_tl.experiments.qrhead.qrhead_heads`).
         **options: every option of :func:`score_methods` (``out_dir``,
             ``max_new_tokens``, ``variant``, ``workers``, ...).
 
@@ -143,6 +146,13 @@ def score_methods(
     that method's ``span``, ``n_accepted`` and drop counts, and ``acceptance`` (every
     method's counts, also written to ``meta.json``).
 
+    ``atp`` (attribution patching) and ``qrhead`` run their own forward passes beside
+    the decode pass (:data:`~locos_tl.detectors.FORWARD_METHODS`), with their functions'
+    defaults: of the options here only ``max_new_tokens``, ``progress``, ``on_resume``
+    and (``qrhead``) a ``spans`` entry apply to them. With ``out_dir`` each keeps its
+    records and scores in ``out_dir/<method>/``; a later run of other methods leaves
+    that folder as it is. Ray ``workers`` do not run them (``ValueError``).
+
     Args:
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
@@ -200,8 +210,8 @@ def score_methods(
         ``RuntimeWarning`` gives the drop counts and rankings refuse.
 
     Raises:
-        ValueError: unknown method, variant or span, or a span override for a method
-            that is not scored.
+        ValueError: unknown method, variant or span, a span override for a method
+            that is not scored (or for ``atp``), or ``atp``/``qrhead`` with Ray workers.
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
             non-Trial; a trial does not fit the model (checked before any decoding).
         LocosError: ``out_dir`` holds a run made with other settings or over another
@@ -237,6 +247,29 @@ def score_methods(
     if as_int(batch_size, "batch_size") < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     methods = [methods] if isinstance(methods, str) else list(methods)
+    own = [m for m in methods if m in FORWARD_METHODS]
+    if own:  # AtP and QRHead run their own forwards, beside the shared decode pass
+        if dist is not None:
+            raise ValueError(f"{', '.join(own)} run in this process only: use workers=1")
+        decode = [m for m in methods if m not in own]
+        rest = {k: v for k, v in (spans or {}).items() if k not in own}
+        if "atp" in (spans or {}):  # refused before any work
+            raise ValueError(f"atp reads no span (got spans={{'atp': {spans['atp']!r}}}): "
+                             "it patches every position of the corrupted needle")
+        if (spans or {}).get("qrhead", "needle") not in SPAN_NAMES:
+            raise ValueError(f"unknown span {spans['qrhead']!r} for qrhead; use 'needle' "
+                             "or 'answer'")
+        result = score_methods(
+            model, trials, methods=decode, variant=variant, max_new_tokens=max_new_tokens,
+            out_dir=out_dir, seed=seed, gate_threshold=gate_threshold, progress=progress,
+            prefill_mode=prefill_mode, chunk_size=chunk_size, stop_rule=stop_rule,
+            thinking=thinking, spans=rest or None, decode_engine=decode_engine,
+            batch_size=batch_size, on_resume=on_resume, _caller=_caller) if decode else {}
+        for m in own:
+            result[m] = _forward_method(m, model, trials, out_dir=out_dir,
+                                        max_new_tokens=max_new_tokens, progress=progress,
+                                        span=(spans or {}).get(m), on_resume=on_resume)
+        return {m: result[m] for m in methods}
     keep = _kept(out_dir, methods)  # a rescoring with fewer methods deletes nothing
     if keep:
         methods = keep + kept_methods(out_dir, keep)
@@ -281,6 +314,29 @@ def score_methods(
                      decode_engine=decode_engine, batch_size=batch_size,
                      chunk=max(len(todo), 1) if batch_size > 1 else 1)
     return _requested(run.finish(), keep)
+
+
+def _forward_method(
+    method: str, model: Any, trials: Any, *, out_dir: str | Path | None,
+    max_new_tokens: int, progress: bool, span: str | None,
+    on_resume: Callable[[int, int], None] | None,
+) -> HeadScores:
+    """Score one of :data:`~locos_tl.detectors.FORWARD_METHODS` with its defaults; with
+    ``out_dir``, its records and saved scores go to ``out_dir/<method>/`` (resumable)."""
+    run_dir = None if out_dir is None else Path(out_dir) / method
+    if method == "atp":
+        from locos_tl.experiments.atp import atp_heads
+
+        hs = atp_heads(model, trials, max_new_tokens=max_new_tokens, out_dir=run_dir,
+                       progress=progress, on_resume=on_resume)
+    else:
+        from locos_tl.experiments.qrhead import qrhead_heads
+
+        hs = qrhead_heads(model, trials, span=span or "needle", out_dir=run_dir,
+                          progress=progress, on_resume=on_resume)
+    if run_dir is not None:
+        hs.save(run_dir)
+    return hs
 
 
 def _kept(out_dir: str | Path | None, requested: list[str]) -> list[str] | None:

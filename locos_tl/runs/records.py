@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +133,45 @@ class RecordStore:
         p = self.dir / META_FILE
         p.write_text(json.dumps(meta, indent=2, default=str))
         return p
+
+
+def run_records(
+    trials: Sequence[Any],
+    score_one: Callable[[Any], dict[str, Any]],
+    *,
+    out_dir: str | Path | None,
+    settings: dict[str, Any],
+    check_keys: Iterable[str],
+    meta: dict[str, Any],
+    desc: str,
+    progress: bool = True,
+    on_resume: Callable[[int, int], None] | None = None,
+) -> list[dict[str, Any]]:
+    """One record per trial, reusing the finished ones of ``out_dir`` (resumable).
+
+    ``score_one(trial)`` makes a trial's record (a dict with ``trial_id``); with
+    ``out_dir`` each new record is appended to its :class:`RecordStore` as it finishes
+    and ``meta`` is written to ``meta.json``; ``on_resume(n_reused, n_trials)`` is
+    called once first. Used by the methods with their own forward passes (AtP, QRHead).
+
+    Raises:
+        LocosError: ``out_dir`` holds a run with other ``settings`` (``check_keys``) or
+            another trial set.
+    """
+    from tqdm.auto import tqdm
+
+    store = RecordStore(out_dir, settings, check_keys) if out_dir is not None else None
+    if store is not None:
+        store.write_meta(meta)
+    reused = [store.get(t.trial_id) if store is not None else None for t in trials]
+    if on_resume is not None and store is not None:
+        on_resume(sum(r is not None for r in reused), len(trials))
+    records = []
+    for t, rec in zip(tqdm(trials, desc=desc, unit="trial", disable=not progress), reused,
+                      strict=True):
+        if rec is None:
+            rec = score_one(t)
+            if store is not None:
+                store.append(rec)
+        records.append(rec)
+    return records

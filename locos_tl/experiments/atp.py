@@ -1,0 +1,279 @@
+"""Attribution patching (AtP): a gradient estimate of CRI, every head from one backward.
+
+Nanda 2023, "Attribution patching: activation patching at industrial scale"; AtP* in
+Kramár, Lieberum, Shah & Nanda 2024 (arXiv 2403.00745). CRI
+(:mod:`locos_tl.experiments.patching`) patches head ``(l, h)``'s clean ``hook_z`` into
+the corrupted run and measures
+
+    CRI(l, h) = m(corrupted with z_{l,h} := z^clean_{l,h}) - m(corrupted),
+    m = logit[gold] - logit[c]   (c: the corrupted run's argmax, gold excluded)
+
+at the position before the first answer token. AtP replaces that difference by its first
+order Taylor term around the corrupted run:
+
+    AtP(l, h) = sum_{pos, d_head} (z^clean - z^corr)[pos, h, :] * dm/dz^corr[pos, h, :]
+
+(logits, same sign and units as CRI). It equals CRI when ``m`` is affine in that head's
+``z`` (a last-layer head read through a frozen final norm and no MLP after it); else it
+is the derivative of ``eps -> m(z^corr + eps (z^clean - z^corr))`` at ``eps = 0``.
+Clean/corrupted pairs, gold token, counterfactual and metric are CRI's own
+(:func:`~locos_tl.experiments.patching.corrupt_tokens`), so the two rank the same
+quantity. Cost per trial: one forward of the clean prompt (caching ``hook_z``) and one
+forward + backward of the corrupted prompt (gradients at every layer's ``hook_z``),
+against CRI's ``2 + n_layers * n_heads / batch_size`` forwards. The tokens before the
+first corrupted one run once (KV cache): their ``z`` is the same in both runs, so their
+term is exactly 0. The corrupted run goes in one forward (the backward needs its whole
+graph; no query chunks).
+
+What of AtP* is not here, and why. AtP*'s *QK fix* targets effects that
+pass through an attention softmax via queries and keys, where the linearisation fails when
+the softmax saturates: it recomputes that softmax exactly and linearises only after it.
+The node here is ``hook_z``, after its own head's softmax (the head's pattern does not
+depend on its ``z``), so there is nothing to recompute at the node; its effect reaches
+``m`` through ``W_O`` and then through the later layers, whose heads see it in their
+queries and keys. Recomputing those later softmaxes for each patched head is per-head
+forward work, the cost of CRI itself, not a hook on ``hook_attn_scores`` /
+``hook_pattern`` of one run, so it is not implemented. On the organism ``retrieval-2l``
+this is where AtP falls short of CRI: the layer-0 previous-token heads act through layer
+1's keys (tests/test_atp.py). *GradDrop* (against cancelling paths)
+needs one more backward per layer; not implemented either. Only plain AtP is computed
+(``meta["atp_variant"] = "atp"``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from locos_tl.engine.forward import _new_cache
+from locos_tl.engine.interventions import intervene
+from locos_tl.engine.twin import sdpa_twin
+from locos_tl.experiments.patching import (
+    CORRUPTIONS,
+    DEFAULT_FILLER,
+    DEFAULT_SWAP_NAMES,
+    AnswerPosition,
+    Corruption,
+    _answer_target,
+    _copy_cache,
+    _last_logits,
+    _logit_diff,
+    corrupt_tokens,
+)
+from locos_tl.heads import HeadScores
+from locos_tl.models.load import model_dtype, model_settings
+from locos_tl.runs.provenance import provenance
+from locos_tl.runs.records import run_records
+from locos_tl.runs.runner import check_trials_fit
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
+
+Metric = Literal["logit_diff"]
+RESUME_KEYS = ("model", "dtype", "method", "metric", "corruption", "answer_position",
+               "max_new_tokens", "filler", "swap_names")
+
+
+def atp_from_z(
+    z_clean: Float[Tensor, "pos n_heads d_head"],
+    z_corr: Float[Tensor, "pos n_heads d_head"],
+    grad: Float[Tensor, "pos n_heads d_head"],
+) -> Float[Tensor, " n_heads"]:
+    """One layer's AtP from its cached ``z`` and the metric's gradient there:
+    ``sum_{pos, d} (z_clean - z_corr) * grad``, float64."""
+    return torch.einsum("phd,phd->h", (z_clean - z_corr).double(), grad.double())
+
+
+def _grad_run(
+    model: Any, ids: Int[Tensor, "1 pos"], *, start: int, cache: Any, n_layers: int,
+) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
+    """Run ``ids[:, start:]`` on ``cache`` with autograd at every ``hook_z``.
+
+    Each hook returns ``z + delta`` with ``delta`` a zero leaf, so ``dm/d delta`` is the
+    total derivative of a metric with respect to that layer's ``z`` (every path through
+    later layers kept). Runs on the SDPA twin when it reproduces the hooks, else on the
+    bridge (:func:`~locos_tl.engine.interventions.intervene`).
+
+    Returns:
+        ``(last-position logits [d_vocab], z per layer [pos, n_heads, d_head] (detached),
+        delta per layer)``.
+    """
+    zs: dict[int, Tensor] = {}
+    deltas: dict[int, Tensor] = {}
+
+    def leaf(x: Tensor, hook: Any) -> Tensor:  # [1, pos, n_heads, d_head]
+        layer = int(hook.name.split(".")[1])
+        zs[layer] = x[0].detach()
+        deltas[layer] = torch.zeros_like(x, requires_grad=True)
+        return x + deltas[layer]
+
+    hooks = [(f"blocks.{l}.attn.hook_z", leaf) for l in range(n_layers)]
+    with torch.enable_grad(), intervene(model, hooks) as engine:
+        chunk = ids[:, start:]
+        twin = sdpa_twin(model) if engine == "twin" else None
+        if twin is not None:
+            logits = twin(chunk, past_key_values=cache, use_cache=True,
+                          logits_to_keep=1).logits
+        else:
+            logits = model(chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    return logits[0, -1], zs, deltas
+
+
+def atp_trial(
+    model: Any,
+    trial: Trial,
+    *,
+    corruption: Corruption = "filler",
+    metric: Metric = "logit_diff",
+    answer_position: AnswerPosition = "generated",
+    max_new_tokens: int = 50,
+    filler: str | Sequence[int] = DEFAULT_FILLER,
+    swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
+    chunk_size: int = 1024,
+) -> dict[str, Any]:
+    """AtP of every head on one trial; returns a JSON-serialisable record.
+
+    Arguments as in :func:`atp_heads`. Record fields as
+    :func:`~locos_tl.experiments.patching.cri_trial`'s: ``trial_id``, ``accepted``,
+    ``dropped`` (None or ``"no_answer_step"``), ``gold``, ``counterfactual``,
+    ``metric_clean``, ``metric_corrupted`` (logits), ``scores["atp"]``
+    (``[n_layers][n_heads]``, logits), ``n_forwards`` (2), ``n_backwards`` (1),
+    ``shared_prefix``.
+
+    Raises:
+        ValueError, TrialError: see :func:`~locos_tl.experiments.patching.corrupt_tokens`.
+    """
+    if metric not in get_args(Metric):
+        raise ValueError(f"unknown metric {metric!r}; use one of {list(get_args(Metric))}")
+    device = next(model.original_model.parameters()).device
+    L = int(model.cfg.n_layers)
+    record: dict[str, Any] = {"trial_id": trial.trial_id, "accepted": False, "dropped": None,
+                              "scores": {}, "meta": trial.meta}
+    corrupted = corrupt_tokens(model.tokenizer, trial, corruption, filler=filler,
+                               swap_names=swap_names)
+    target = _answer_target(model, trial, answer_position, max_new_tokens)
+    if target is None:
+        record["dropped"] = "no_answer_step"
+        return record
+    prefix, golds = target
+    clean = torch.tensor([list(trial.tokens) + prefix], device=device)
+    corr = torch.tensor([corrupted + prefix], device=device)
+    diff = (clean != corr)[0].nonzero()
+    shared = min(int(diff[0]) if diff.numel() else clean.shape[1], clean.shape[1] - 1)
+    prefix_cache = _new_cache(model)
+    if shared > 0:  # identical in both runs (causal): once, and z there differs by 0
+        _last_logits(model, clean[:, :shared], chunk_size=chunk_size, cache=prefix_cache)
+
+    z_clean: dict[int, list[Tensor]] = {}
+
+    def keep_z(x: Tensor, hook: Any) -> None:  # positions [shared, P) of the clean run
+        z_clean.setdefault(int(hook.name.split(".")[1]), []).append(x[0].detach())
+
+    clean_logits = _last_logits(
+        model, clean, chunk_size=chunk_size, start=shared, cache=_copy_cache(prefix_cache),
+        fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep_z) for l in range(L)])[0]
+    gold = max(sorted(golds), key=lambda t: float(clean_logits[t]))
+    logits, z_corr, deltas = _grad_run(model, corr, start=shared,
+                                       cache=_copy_cache(prefix_cache), n_layers=L)
+    masked = logits.detach().float().clone()
+    masked[gold] = float("-inf")
+    cf = int(masked.argmax())
+    m = _logit_diff(logits, gold, cf)
+    grads = torch.autograd.grad(m, [deltas[l] for l in range(L)])
+    atp = torch.stack([atp_from_z(torch.cat(z_clean[l]), z_corr[l], grads[l][0])
+                       for l in range(L)]).cpu()  # [n_layers, n_heads]
+    record.update({
+        "accepted": True, "gold": gold, "counterfactual": cf, "prefix_len": len(prefix),
+        "metric_clean": float(_logit_diff(clean_logits, gold, cf)),
+        "metric_corrupted": float(m.detach()), "scores": {"atp": atp.tolist()},
+        "n_forwards": 2, "n_backwards": 1, "shared_prefix": shared,
+    })
+    return record
+
+
+def atp_heads(
+    model: Any,
+    trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
+    *,
+    corruption: Corruption = "filler",
+    metric: Metric = "logit_diff",
+    answer_position: AnswerPosition = "generated",
+    max_new_tokens: int = 50,
+    filler: str | Sequence[int] = DEFAULT_FILLER,
+    swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
+    chunk_size: int = 1024,
+    out_dir: str | Path | None = None,
+    progress: bool = True,
+    on_resume: Callable[[int, int], None] | None = None,
+) -> HeadScores:
+    """Attribution-patching estimate of every head's CRI (module docstring), over trials.
+
+    Args:
+        model: a TransformerBridge.
+        trials: retrieval trials.
+        corruption: ``"filler"`` (default) or ``"name_swap"``, as for
+            :func:`~locos_tl.experiments.patching.patch_heads`.
+        metric: ``"logit_diff"``: gold minus counterfactual logit, CRI's metric.
+        answer_position: ``"generated"`` (read before the first answer token of the
+            clean run's greedy response; trials without the answer are dropped) or
+            ``"prompt_end"`` (the last prompt token), as for CRI.
+        max_new_tokens: greedy budget to find the answer (``"generated"``).
+        filler, swap_names: see :func:`~locos_tl.experiments.patching.corrupt_tokens`.
+        chunk_size: query positions per forward of the shared prefix and the clean run.
+        out_dir: run directory (``trials.jsonl``, ``meta.json``); a rerun with the same
+            settings skips finished trials.
+        progress: tqdm bar over trials.
+        on_resume: with ``out_dir``, called once as ``on_resume(n_reused, n_trials)``.
+
+    Returns:
+        ``HeadScores(method="atp")``: ``[n_trials, n_layers, n_heads]`` per-trial AtP in
+        logits (``meta["units"]``); meta counts dropped trials.
+
+    Raises:
+        ValueError: unknown corruption, metric or answer position.
+        TrialError: a bare Trial, a trial that does not fit the model or cannot be
+            corrupted.
+        LocosError: ``out_dir`` holds a run with other settings or trials.
+
+    Warns:
+        RuntimeWarning: no trial was usable (every score is NaN).
+    """
+    if answer_position not in get_args(AnswerPosition):
+        raise ValueError(f"unknown answer_position {answer_position!r}; use one of "
+                         f"{list(get_args(AnswerPosition))}")
+    if corruption not in CORRUPTIONS:
+        raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
+    if metric not in get_args(Metric):
+        raise ValueError(f"unknown metric {metric!r}; use one of {list(get_args(Metric))}")
+    trials = as_trial_list(trials, "atp_heads")
+    check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)
+    settings = {**model_settings(model), "dtype": model_dtype(model), "method": "atp",
+                "metric": metric, "corruption": corruption,
+                "filler": filler if isinstance(filler, str) else [int(x) for x in filler],
+                "swap_names": list(swap_names), "answer_position": answer_position,
+                "max_new_tokens": max_new_tokens, "n_trials": len(trials),
+                "trial_set_hash": trial_set_hash(trials)}
+    meta = provenance(model, settings)
+    records = run_records(
+        trials, lambda t: atp_trial(
+            model, t, corruption=corruption, metric=metric, answer_position=answer_position,
+            max_new_tokens=max_new_tokens, filler=filler, swap_names=swap_names,
+            chunk_size=chunk_size),
+        out_dir=out_dir, settings=settings, check_keys=RESUME_KEYS, meta=meta,
+        desc="attribution patching", progress=progress, on_resume=on_resume)
+    counts = {"n_trials": len(records), "n_accepted": sum(bool(r["accepted"]) for r in records),
+              "n_dropped_no_answer_step": sum(r["dropped"] == "no_answer_step" for r in records)}
+    if records and counts["n_accepted"] == 0:
+        warnings.warn(
+            f"atp_heads: no usable trial: 0 of {counts['n_trials']} greedy responses hold "
+            f"the answer within max_new_tokens={max_new_tokens}; every AtP score is NaN. "
+            "Use trials the model answers, or answer_position='prompt_end'",
+            RuntimeWarning, stacklevel=2)
+    return HeadScores.from_records(
+        records, "atp", n_layers=int(model.cfg.n_layers), n_heads=int(model.cfg.n_heads),
+        meta={**meta, **counts, "units": "logits", "atp_variant": "atp"})
+
