@@ -39,6 +39,8 @@ def main() -> None:
     ap.add_argument("--n-control", type=int, default=50)
     ap.add_argument("--needle-set", default="everyday",
                     help="evaluation needle set (hop_eval, everyday; never a training set)")
+    ap.add_argument("--no-general", action="store_true",
+                    help="skip the parametric, arithmetic and perplexity rows")
     ap.add_argument("--cells", default=None,
                     help="question:length:distractors,... (default: every cell)")
     ap.add_argument("--out", default="runs/elicited_targets")
@@ -58,11 +60,12 @@ def main() -> None:
     for name in args.models.split(","):
         t0 = time.perf_counter()
         model = lt.load_model(_checkpoint(name), device="cpu")
-        out = Path(args.out) / name
+        out = Path(args.out) / Path(name).name
         df = targets_table(model, entries, hay, n=n, out_dir=out)
         tok, n_ctx = model.tokenizer, int(model.cfg.n_ctx)
-        for kind, build in (("parametric", lt.build_parametric_trials),
-                            ("arithmetic", lt.build_arithmetic_trials)):
+        general = () if args.no_general else (("parametric", lt.build_parametric_trials),
+                                              ("arithmetic", lt.build_arithmetic_trials))
+        for kind, build in general:
             trials = build(tok, n=args.n_control, seed=EVAL_SEED, chat_template=True,
                            n_ctx=n_ctx)
             ev = lt.ablation_sweep(model, trials, {}, k=[1], mode="query_zero",
@@ -76,8 +79,9 @@ def main() -> None:
             df.loc[len(df)] = {"question": kind, "n": int(base["n_trials"].iloc[0]),
                                "target": float(base.loc["contains", "value"]),
                                "exact_match": float(base.loc["exact_match", "value"])}
-        ppl = perplexity(model, hay[0].text)
-        df.loc[len(df)] = {"question": "perplexity (Mohicans 1)", "target": ppl}
+        if not args.no_general:
+            ppl = perplexity(model, hay[0].text)
+            df.loc[len(df)] = {"question": "perplexity (Mohicans 1)", "target": ppl}
         df.insert(0, "model", Path(name).name)
         df.insert(1, "needle_set", args.needle_set)
         frames.append(df)

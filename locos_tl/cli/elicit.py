@@ -41,6 +41,8 @@ def elicit_command(
     kl_weight: Annotated[float, typer.Option(
         help="weight of the KL term to the frozen base on book text and non-retrieval "
              "prompts (0: off)")] = 1.0,
+    val_every: Annotated[int, typer.Option(
+        help="steps between validations (and early-stopping checks)")] = 100,
     patience: Annotated[int, typer.Option(
         help="validations without a better score before stopping (0: never)")] = 4,
     seed: Annotated[int, typer.Option(help="trials, order and initialisation")] = 0,
@@ -63,7 +65,8 @@ def elicit_command(
                        haystacks=(books if data_dir is None
                                   else tuple(str(data_dir / "haystack" / b) for b in books)),
                        steps=steps, lr=lr, trainable=trainable, kl_weight=kl_weight,
-                       patience=patience, rank=rank, alpha=2 * rank, seed=seed)
+                       patience=patience, val_every=val_every, rank=rank, alpha=2 * rank,
+                       seed=seed)
     try:
         adapter = elicit(cfg, out, device=device,
                          log=lambda m: typer.secho(m, err=True, fg=typer.colors.CYAN))
