@@ -524,3 +524,32 @@ def test_one_needle_set_by_default_and_sizes_as_before(script, tmp_path, monkeyp
         assert set(sizes) == set(script.TRIAL_OPTIONS)
     only_eval = script._trial_sizes(script.parse_args(["--eval-needle-set", "hop_eval"]))
     assert only_eval["eval_needle_set"] == "hop_eval" and "detect_needle_set" not in only_eval
+
+
+def test_forward_methods_are_scored_and_ablated_only_when_asked(script, tmp_path,
+                                                                monkeypatch) -> None:
+    """``--methods ...,atp,qrhead``: the detect stage scores the two forward-pass
+    detectors on the detection trials into ``detect/`` and the sweep ablates their
+    rankings; the default methods leave them out (published runs unchanged)."""
+    import locos_tl as lt
+    import locos_tl.experiments.score as scoring
+
+    calls = []
+
+    def fake(model, trials, *, methods, out_dir, **kw):
+        calls.append((list(methods), Path(out_dir).name))
+        return {m: lt.HeadScores(method=m, trial_scores=torch.rand(2, 30, 9))
+                for m in methods}
+
+    monkeypatch.setattr(scoring, "score_methods", fake)
+    monkeypatch.setattr(script.util, "_load", lambda path: [])
+    base = ["--model", "smollm2-135m-instruct", "--out", str(tmp_path)]
+    args = script.parse_args([*base, "--methods", "locos,dla,atp,qrhead"])
+    res = script.detect(None, args, tmp_path)
+    assert calls[-1] == (["atp", "qrhead"], "detect")
+    assert set(script.rankings_for_ablation(res, args.methods)) == {"locos", "dla", "atp",
+                                                                    "qrhead"}
+    calls.clear()
+    script.detect(None, script.parse_args(base), tmp_path)
+    assert all("atp" not in m and "qrhead" not in m for m, _ in calls)
+    assert script.forward_methods(script.parse_args(base).methods) == []

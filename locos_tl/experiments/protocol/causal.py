@@ -32,7 +32,7 @@ def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any
         cri.save(out / "heads" / "cri")
     n = int(model.cfg.n_layers) * int(model.cfg.n_heads)
     ks = tuple(k for k in (5, 10, 20, 50) if k <= n)
-    for name in ("locos", "wu", "dla", "attention_spatial", "headkv"):
+    for name in ("locos", "wu", "dla", "attention_spatial", "headkv", "atp", "qrhead"):
         if name in scores and scores[name].n_trials:
             agree = compare_rankings(scores[name], cri, ks=ks)
             agree.to_csv(out / "patch" / f"agreement_{name}_cri.csv", index=False)

@@ -85,7 +85,8 @@ def rankings_for_ablation(scores: dict[str, Any], methods: str) -> dict[str, Any
     """The head sets the ablation sweeps (``--methods``; Wu on NoLiMa is ``wu_nolima``;
     ``baseline`` alone: none)."""
     names = {"locos": "locos", "wu_niah": "wu_niah", "wu_nolima": "wu",
-             "attention_spatial": "attention_spatial", "headkv": "headkv", "dla": "dla"}
+             "attention_spatial": "attention_spatial", "headkv": "headkv", "dla": "dla",
+             "atp": "atp", "qrhead": "qrhead"}
     if _baseline_only(methods):
         return {}
     out = {}

@@ -14,6 +14,8 @@ Stages (each writes under ``--out`` and is skipped or resumed when rerun):
 2. ``detect``: LOCOS, Wu, attention-spatial, HeadKV and DLA in one decode pass over the
    non-literal (``onehop``) detection trials; Wu again on NIAH, whose answers are
    sentences (``--niah-max-new-tokens``, 50; the other trials' answer is a name, 16).
+   ``--methods ...,atp,qrhead`` also scores attribution patching and QRHead there, with
+   their own forward passes, and ablates their rankings.
 3. ``calibrate``: query means of every head over 50 raw-text prompts (the paper's
    ``query_mean`` ablation), cut from the evaluation books.
 4. ``ablate``: top-k of every ranking, random heads (3 seeds) and bottom-k, on ``onehop``

@@ -157,14 +157,30 @@ def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                             batch_size=args.batch_size)
     res = dict(res)
     res["wu_niah"] = wu_niah["wu"]
+    extra = forward_methods(args.methods)
+    if extra:  # AtP and QRHead: their own forwards, records in detect/<method>/
+        res.update(score_methods(model, trials, methods=extra, out_dir=out / "detect",
+                                 max_new_tokens=args.max_new_tokens))
     return res
 
 
+def forward_methods(methods: str) -> list[str]:
+    """The methods of ``--methods`` with their own forward passes (``atp``, ``qrhead``),
+    scored only when asked for."""
+    from locos_tl.detectors import FORWARD_METHODS
+
+    return [m for m in util._methods(methods) if m in FORWARD_METHODS]
+
+
 def load_rankings(out: Path) -> dict[str, Any]:
+    from locos_tl.detectors import FORWARD_METHODS
     from locos_tl.runs.rundir import load_head_scores
 
     res = {m: load_head_scores(out / "detect", m) for m in DETECTORS}
     res["wu_niah"] = load_head_scores(out / "detect_niah", "wu")
+    for m in FORWARD_METHODS:  # scored only when --methods named them
+        if (out / "detect" / m / "head_scores.json").exists():
+            res[m] = load_head_scores(out / "detect", m)
     return res
 
 
