@@ -206,3 +206,35 @@ def test_resumed_run_with_kl_equals_uninterrupted(tiny_dirs, tmp_path, monkeypat
         assert torch.equal(whole[k], resumed[k]), k
     rows = [json.loads(x) for x in (tmp_path / "a" / "curve.jsonl").open()]
     assert all(r["kl_text_train"] > 0 and r["kl_prompts_train"] >= 0 for r in rows[1:])
+
+
+def test_cast_adapter_rounds_once_and_merges_the_rounded_weights(tiny_dirs, tmp_path):
+    from safetensors.torch import load_file
+
+    from locos_tl.models.elicited import merged_model
+
+    model, _ = _hf(tiny_dirs)
+    wrapped = el.add_mlp_lora(model, el.ElicitConfig(rank=2, alpha=4))
+    with torch.no_grad():
+        for n, p in wrapped.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(n)))
+    wrapped.save_pretrained(tmp_path / "adapter")
+    before = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    el.cast_adapter(tmp_path / "adapter")
+    after = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert before.keys() == after.keys()
+    for k, v in after.items():
+        assert v.dtype == torch.bfloat16 and torch.equal(v, before[k].to(torch.bfloat16)), k
+    merged = dict(merged_model(tmp_path / "adapter", tiny_dirs["llama"]).named_parameters())
+    for k, v in after.items():  # merged weight = base + (alpha / r) B A of the rounded A, B
+        if ".lora_A." not in k:
+            continue
+        stem = k.removeprefix("base_model.model.").replace(".lora_A.weight", "")
+        b = after[k.replace("lora_A", "lora_B")].double()
+        base = dict(_hf(tiny_dirs)[0].named_parameters())[f"{stem}.weight"].double()
+        want = base + 2.0 * (b @ v.double())
+        torch.testing.assert_close(merged[f"{stem}.weight"].double(), want, rtol=0,
+                                   atol=1e-6)
+    with pytest.raises(el.LocosError, match="no adapter weights"):
+        el.cast_adapter(tmp_path / "nothing")
