@@ -47,7 +47,10 @@ def main() -> None:
     if not trials_file.exists():
         cmd = [str(Path(sys.executable).parent / "locos"), "reproduce", "--model",
                run_args["model"], "--stages", "trials", "--needle-set",
-               run_args["needle_set"], "--out", str(out / "trials")]
+               run_args["needle_set"], "--eval-lengths", str(run_args["eval_lengths"]),
+               "--out", str(out / "trials")]
+        if run_args.get("distractors"):
+            cmd += ["--distractors", str(run_args["distractors"])]
         subprocess.run(cmd, check=True)
     by_id = {t.trial_id: t for t in load_trials(trials_file)}
     subset = [by_id[i] for i in cri.trial_ids]

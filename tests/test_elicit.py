@@ -13,6 +13,7 @@ import torch
 pytest.importorskip("peft", reason="the elicit extra is not installed")
 
 from locos_tl.errors import LocosError, ModelLoadError  # noqa: E402
+from locos_tl.models.zoo import ELICITED_MODELS  # noqa: E402
 from locos_tl.organisms import elicit as el  # noqa: E402
 from locos_tl.trials import Trial  # noqa: E402
 
@@ -156,7 +157,7 @@ def test_merge_adds_scaled_lora_to_mlps_and_nothing_else(tiny_dirs, tmp_path, mo
 
 
 def test_zoo_lists_and_names_the_elicited_model():
-    from locos_tl.models.zoo import ELICITED_MODELS, get_entry, get_real_model, models_table
+    from locos_tl.models.zoo import get_entry, get_real_model, models_table
 
     assert get_entry("smollm2-135m-nolima") is ELICITED_MODELS["smollm2-135m-nolima"]
     assert "smollm2-135m-nolima" in [r["name"] for r in models_table()]
@@ -164,24 +165,26 @@ def test_zoo_lists_and_names_the_elicited_model():
         get_real_model("no-such-model")
 
 
-def test_shipped_adapter_keeps_every_attention_and_embedding_weight():
-    """The real elicited model: merged from the shipped adapter, every tensor that is not
-    an MLP projection equals SmolLM2's, bit for bit; every MLP projection moved."""
+@pytest.mark.parametrize("name", sorted(ELICITED_MODELS))
+def test_shipped_adapter_keeps_every_attention_and_embedding_weight(name):
+    """Each real elicited model: merged from its shipped adapter, every tensor that is not
+    an MLP projection equals its base's, bit for bit; every MLP projection moved."""
     from safetensors.torch import load_file
 
-    from locos_tl.models.zoo import ELICITED_MODELS, REAL_MODELS, resolve_checkpoint
+    from locos_tl.models.zoo import REAL_MODELS, resolve_checkpoint
 
-    entry, base = ELICITED_MODELS["smollm2-135m-nolima"], REAL_MODELS["smollm2-135m-instruct"]
+    entry = ELICITED_MODELS[name]
+    base = REAL_MODELS[entry.base]
     if not (entry.adapter / "adapter_model.safetensors").is_file() or not base.prepared:
         if os.environ.get("LOCOS_REQUIRE_REAL_MODELS"):
-            pytest.fail("SmolLM2 or the shipped adapter is missing (scripts/setup.sh)")
-        pytest.skip("SmolLM2 is not prepared")
+            pytest.fail(f"{entry.base} or the adapter of {name} is missing (scripts/setup.sh)")
+        pytest.skip(f"{entry.base} is not prepared")
     assert (entry.adapter / "adapter_model.safetensors").stat().st_size <= 20e6
     merged = load_file(resolve_checkpoint(entry.name) / "model.safetensors")
     want = load_file(base.directory / "model.safetensors")
     assert merged.keys() == want.keys()
     mlp = [k for k in want if any(f"mlp.{m}." in k for m in el.MLP_MODULES)]
-    assert len(mlp) == 3 * 30
+    assert len(mlp) == 3 * entry.n_layers
     for k, w in want.items():
         if k in mlp:
             assert not torch.equal(merged[k], w), k
