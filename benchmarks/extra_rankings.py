@@ -1,0 +1,78 @@
+"""Attribution patching and QRHead in a published protocol run: both rankings computed
+on the run's detection trials, then ablated (query-mean, the run's means) at one k on
+its 1000-token evaluation trials beside a fresh baseline, so the README's tables carry a
+row for every ranking. The baseline must equal the published one (same greedy answers);
+the script says whether it does. Resumable (``--out``)::
+
+    python benchmarks/extra_rankings.py --run docs/real_models/smollm2 --k 10 \\
+        --publish docs/real_models/smollm2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    import pandas as pd
+
+    import locos_tl as lt
+    from locos_tl.engine.ablation import AblationMeans
+    from locos_tl.trials import load_trials
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", default="docs/real_models/smollm2")
+    ap.add_argument("--k", type=int, default=10)
+    ap.add_argument("--questions", default="direct,onehop")
+    ap.add_argument("--out", default="runs/extra_rankings")
+    ap.add_argument("--publish", default=None, help="the run directory to add the results to")
+    args = ap.parse_args()
+
+    run, out = Path(args.run), Path(args.out)
+    run_args = json.loads((run / "args.json").read_text())
+    tdir = out / "trials" / "trials"
+    if not (tdir / "detect_onehop.jsonl").exists():
+        cmd = [str(Path(sys.executable).parent / "locos"), "reproduce", "--model",
+               run_args["model"], "--stages", "trials", "--needle-set",
+               run_args["needle_set"], "--eval-lengths", str(run_args["eval_lengths"]),
+               "--out", str(out / "trials")]
+        if run_args.get("distractors"):
+            cmd += ["--distractors", str(run_args["distractors"])]
+        subprocess.run(cmd, check=True)
+    model = lt.load_model(run_args["model"], device="cpu")
+    detect = load_trials(tdir / "detect_onehop.jsonl")
+    n_new = int(run_args.get("max_new_tokens", 16))
+    scores = lt.score_methods(model, detect, methods=["atp", "qrhead"],
+                              out_dir=out / "detect", max_new_tokens=n_new)
+    means = AblationMeans.load(run / "means.safetensors")
+    rows = []
+    for q in args.questions.split(","):
+        trials = load_trials(tdir / f"eval_{q}_1000.jsonl")
+        df = lt.ablation_sweep(model, trials, scores, k=[args.k], mode="query_mean",
+                               means=means, random=False, bottom=None,
+                               max_new_tokens=int(run_args.get("eval_max_new_tokens", 16)),
+                               out_dir=out / "ablate" / f"{q}_1000", ci=0.95)
+        df.insert(0, "question", q)
+        rows.append(df)
+        published = pd.read_csv(run / "ablate" / f"{q}_1000" / "evaluation_ci.csv")
+        pub = published[(published["method"] == "baseline")
+                        & (published["metric"] == "contains")]["value"].iloc[0]
+        new = df[(df["method"] == "baseline") & (df["metric"] == "contains")]["value"].iloc[0]
+        print(f"{q}: baseline contains {new:.3f}, published {pub:.3f}"  # noqa: T201
+              f" ({'same' if abs(new - pub) < 1e-12 else 'DIFFERENT'})")
+    table = pd.concat(rows, ignore_index=True)
+    print(table[table["metric"] == "contains"].to_string(index=False))  # noqa: T201
+    if args.publish:
+        dest = Path(args.publish)
+        for m, hs in scores.items():
+            hs.save(dest / "heads" / m)
+        (dest / "extra_rankings").mkdir(parents=True, exist_ok=True)
+        table.to_csv(dest / "extra_rankings" / f"ablation_k{args.k}.csv", index=False)
+
+
+if __name__ == "__main__":
+    main()
