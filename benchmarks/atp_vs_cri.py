@@ -15,9 +15,6 @@ against the same trial's CRI). Also the cost per trial. Writes
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -42,19 +39,13 @@ def main() -> None:
     run, out = Path(args.run), Path(args.out)
     cri = HeadScores.load(run / "heads" / "cri")
     settings = cri.meta["settings"]
-    run_args = json.loads((run / "args.json").read_text())
-    trials_file = out / "trials" / "trials" / "detect_onehop.jsonl"
-    if not trials_file.exists():
-        cmd = [str(Path(sys.executable).parent / "locos"), "reproduce", "--model",
-               run_args["model"], "--stages", "trials", "--needle-set",
-               run_args["needle_set"], "--eval-lengths", str(run_args["eval_lengths"]),
-               "--out", str(out / "trials")]
-        if run_args.get("distractors"):
-            cmd += ["--distractors", str(run_args["distractors"])]
-        subprocess.run(cmd, check=True)
+    from published_trials import rebuild_trials, run_args
+
+    args_run = run_args(run)
+    trials_file = rebuild_trials(run, out) / "detect_onehop.jsonl"
     by_id = {t.trial_id: t for t in load_trials(trials_file)}
     subset = [by_id[i] for i in cri.trial_ids]
-    model = lt.load_model(run_args["model"], device="cpu")
+    model = lt.load_model(args_run["model"], device="cpu")
     t0 = time.perf_counter()
     atp = atp_heads(model, subset, corruption=settings["corruption"],
                     max_new_tokens=settings["max_new_tokens"], out_dir=out / "atp")

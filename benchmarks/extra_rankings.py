@@ -11,9 +11,6 @@ the script says whether it does. Resumable (``--out``)::
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 
@@ -33,16 +30,11 @@ def main() -> None:
     args = ap.parse_args()
 
     run, out = Path(args.run), Path(args.out)
-    run_args = json.loads((run / "args.json").read_text())
-    tdir = out / "trials" / "trials"
-    if not (tdir / "detect_onehop.jsonl").exists():
-        cmd = [str(Path(sys.executable).parent / "locos"), "reproduce", "--model",
-               run_args["model"], "--stages", "trials", "--needle-set",
-               run_args["needle_set"], "--eval-lengths", str(run_args["eval_lengths"]),
-               "--out", str(out / "trials")]
-        if run_args.get("distractors"):
-            cmd += ["--distractors", str(run_args["distractors"])]
-        subprocess.run(cmd, check=True)
+    from published_trials import rebuild_trials
+    from published_trials import run_args as recorded
+
+    run_args = recorded(run)
+    tdir = rebuild_trials(run, out)
     model = lt.load_model(run_args["model"], device="cpu")
     detect = load_trials(tdir / "detect_onehop.jsonl")
     n_new = int(run_args.get("max_new_tokens", 16))

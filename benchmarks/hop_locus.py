@@ -20,8 +20,6 @@ into ``--publish``::
 from __future__ import annotations
 
 import argparse
-import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -48,19 +46,12 @@ def main() -> None:
     args = ap.parse_args()
 
     run, out = Path(args.run), Path(args.out)
-    run_args = json.loads((run / "args.json").read_text())
-    tfile = out / "trials" / "trials" / "eval_onehop_1000.jsonl"
-    if not tfile.exists():
-        cmd = [str(Path(sys.executable).parent / "locos"), "reproduce", "--model",
-               run_args["model"], "--stages", "trials", "--needle-set",
-               run_args["needle_set"], "--eval-lengths", str(run_args["eval_lengths"]),
-               "--out", str(out / "trials")]
-        if run_args.get("distractors"):
-            cmd += ["--distractors", str(run_args["distractors"])]
-        subprocess.run(cmd, check=True)
+    from published_trials import rebuild_trials, run_args
+
+    model_name = run_args(run)["model"]
+    tfile = rebuild_trials(run, out) / "eval_onehop_1000.jsonl"
     trials = load_trials(tfile)
-    base, donor = lt.load_model(args.base, device="cpu"), lt.load_model(run_args["model"],
-                                                                         device="cpu")
+    base, donor = lt.load_model(args.base, device="cpu"), lt.load_model(model_name, device="cpu")
     dest = Path(args.publish or out)
     dest.mkdir(parents=True, exist_ok=True)
 
