@@ -32,19 +32,19 @@ def elicit_command(
              "[default: dracula_part1, everyday_prose]")] = None,
     needle_set: Annotated[str, typer.Option(
         help="training needle set (never the evaluation set)")] = "hop_train",
-    steps: Annotated[int, typer.Option(help="most optimizer steps, one trial each")] = 2000,
+    steps: Annotated[int, typer.Option(help="most optimizer steps, one trial each")] = 1200,
     lr: Annotated[float, typer.Option(help="peak learning rate")] = 2e-4,
     trainable: Annotated[str, typer.Option(
         help="lora (LoRA on the MLP projections; shippable) or mlp (every MLP weight)")
                          ] = "lora",
-    rank: Annotated[int, typer.Option(help="LoRA rank")] = 16,
+    rank: Annotated[int, typer.Option(help="LoRA rank (alpha = 2 x rank)")] = 32,
     kl_weight: Annotated[float, typer.Option(
         help="weight of the KL term to the frozen base on book text and non-retrieval "
              "prompts (0: off)")] = 1.0,
     val_every: Annotated[int, typer.Option(
-        help="steps between validations (and early-stopping checks)")] = 100,
+        help="steps between validations (and early-stopping checks)")] = 150,
     patience: Annotated[int, typer.Option(
-        help="validations without a better score before stopping (0: never)")] = 4,
+        help="validations without a better score before stopping (0: never)")] = 3,
     seed: Annotated[int, typer.Option(help="trials, order and initialisation")] = 0,
     device: Annotated[str, typer.Option(help="cpu or cuda")] = "cpu",
 ) -> None:
@@ -52,7 +52,7 @@ def elicit_command(
     MLP weight) on NoLiMa trials of 500-1000 tokens with 0-3 distractor needles, from the
     training needle set on the training books, plus a KL term to the frozen base on the
     books' text and on non-retrieval prompts the base answers itself. Deterministic and
-    resumable (checkpoint every 25 steps); shows the loss and, every 100 steps, the
+    resumable (checkpoint every 25 steps); shows the loss and, every 150 steps, the
     validation entries' accuracy and the held-out KL and perplexity; keeps the best
     validation state and stops early. Writes OUT/adapter, OUT/curve.jsonl and
     OUT/elicit.json. Needs the elicit extra (peft).
