@@ -60,11 +60,10 @@ from locos_tl.experiments.patching import (
     DEFAULT_SWAP_NAMES,
     AnswerPosition,
     Corruption,
-    _answer_target,
     _copy_cache,
     _last_logits,
     _logit_diff,
-    corrupt_tokens,
+    clean_corrupted_pair,
 )
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
@@ -149,21 +148,13 @@ def atp_trial(
     """
     if metric not in get_args(Metric):
         raise ValueError(f"unknown metric {metric!r}; use one of {list(get_args(Metric))}")
-    device = next(model.original_model.parameters()).device
     L = int(model.cfg.n_layers)
-    record: dict[str, Any] = {"trial_id": trial.trial_id, "accepted": False, "dropped": None,
-                              "scores": {}, "meta": trial.meta}
-    corrupted = corrupt_tokens(model.tokenizer, trial, corruption, filler=filler,
-                               swap_names=swap_names)
-    target = _answer_target(model, trial, answer_position, max_new_tokens)
-    if target is None:
-        record["dropped"] = "no_answer_step"
+    record, pair = clean_corrupted_pair(
+        model, trial, corruption, answer_position=answer_position,
+        max_new_tokens=max_new_tokens, filler=filler, swap_names=swap_names)
+    if pair is None:
         return record
-    prefix, golds = target
-    clean = torch.tensor([list(trial.tokens) + prefix], device=device)
-    corr = torch.tensor([corrupted + prefix], device=device)
-    diff = (clean != corr)[0].nonzero()
-    shared = min(int(diff[0]) if diff.numel() else clean.shape[1], clean.shape[1] - 1)
+    prefix, golds, clean, corr, shared = pair
     prefix_cache = _new_cache(model)
     if shared > 0:  # identical in both runs (causal): once, and z there differs by 0
         _last_logits(model, clean[:, :shared], chunk_size=chunk_size, cache=prefix_cache)

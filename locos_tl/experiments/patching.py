@@ -255,6 +255,32 @@ def _logit_diff(logits: Tensor, gold: int, cf: int) -> Tensor:
 
 
 @torch.no_grad()
+def clean_corrupted_pair(
+    model: Any, trial: Trial, corruption: Corruption, *, answer_position: AnswerPosition,
+    max_new_tokens: int, filler: str | Sequence[int], swap_names: Sequence[str],
+) -> tuple[dict[str, Any], tuple[list[int], Any, Tensor, Tensor, int] | None]:
+    """A trial's clean and corrupted runs, as CRI and AtP take them: ``(record, pair)``,
+    the record skeleton and ``(prefix, golds, clean, corrupted, shared)`` (answer prefix,
+    gold ids, two ``[1, P]`` token tensors, length of their shared prefix, at most
+    ``P - 1``); ``pair`` is None when no answer was found (``dropped: no_answer_step``).
+    Raises ValueError, TrialError: see :func:`corrupt_tokens`."""
+    device = next(model.original_model.parameters()).device
+    record: dict[str, Any] = {"trial_id": trial.trial_id, "accepted": False, "dropped": None,
+                              "scores": {}, "meta": trial.meta}
+    corrupted = corrupt_tokens(model.tokenizer, trial, corruption, filler=filler,
+                               swap_names=swap_names)
+    target = _answer_target(model, trial, answer_position, max_new_tokens)
+    if target is None:
+        record["dropped"] = "no_answer_step"
+        return record, None
+    prefix, golds = target
+    clean = torch.tensor([list(trial.tokens) + prefix], device=device)
+    corr = torch.tensor([corrupted + prefix], device=device)
+    diff = (clean != corr)[0].nonzero()
+    shared = min(int(diff[0]) if diff.numel() else clean.shape[1], clean.shape[1] - 1)
+    return record, (prefix, golds, clean, corr, shared)
+
+
 def cri_trial(
     model: Any,
     trial: Trial,
@@ -288,23 +314,15 @@ def cri_trial(
     if as_int(batch_size, "batch_size") < 1:
         raise ValueError("batch_size must be >= 1")
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    record: dict[str, Any] = {"trial_id": trial.trial_id, "accepted": False, "dropped": None,
-                              "scores": {}, "meta": trial.meta}
-    corrupted = corrupt_tokens(model.tokenizer, trial, corruption, filler=filler,
-                               swap_names=swap_names)
-    target = _answer_target(model, trial, answer_position, max_new_tokens)
-    if target is None:
-        record["dropped"] = "no_answer_step"
+    record, pair = clean_corrupted_pair(
+        model, trial, corruption, answer_position=answer_position,
+        max_new_tokens=max_new_tokens, filler=filler, swap_names=swap_names)
+    if pair is None:
         return record
-    prefix, golds = target
-    clean = torch.tensor([list(trial.tokens) + prefix], device=device)
-    corr = torch.tensor([corrupted + prefix], device=device)
-
+    prefix, golds, clean, corr, shared = pair
     # Positions before the first corrupted token are identical in every run (causal
     # attention): compute their KV cache once and run only the rest, clean, corrupted and
     # patched alike.
-    diff = (clean != corr)[0].nonzero()
-    shared = min(int(diff[0]) if diff.numel() else clean.shape[1], clean.shape[1] - 1)
     shared = shared if share_prefix else 0
     prefix_cache = _new_cache(model)
     if shared > 0:
