@@ -8,7 +8,7 @@ responses, and the mean absolute change of the name margin (nats); then the wall
 of the bfloat16 sweep per generation. Run it on an idle machine::
 
     python benchmarks/bf16_ablation.py --run docs/real_models/smollm2-nolima \\
-        --trials runs/real/smollm2-135m-nolima/trials/eval_onehop_1000.jsonl
+        --trials runs/real/smollm2-135m-nolima-v1/trials/eval_onehop_1000.jsonl
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def main() -> None:
     from locos_tl.runs.records import read_records
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-nolima")
+    ap.add_argument("--model", default="smollm2-135m-nolima-v1")
     ap.add_argument("--run", default="docs/real_models/smollm2-nolima",
                     help="a published run: detect/, means.safetensors, ablate/")
     ap.add_argument("--trials", required=True, help="the run's evaluation trials")

@@ -3,7 +3,7 @@ ability (:mod:`locos_tl.experiments.elicit_targets`).
 
 For each model, on an evaluation needle set (``--needle-set``: ``hop_eval``, link kinds
 never trained on, or ``everyday``; evaluation names; the Mohicans books, never trained
-on), greedy: how often the answer names the target and a distractor, per cell
+on; the chat template, or the completion form for a base model without one), greedy: how often the answer names the target and a distractor, per cell
 (question, length, distractors); then parametric and arithmetic controls ("contains",
 and exact match) and perplexity on Mohicans part 1. A model is a registry name or an
 ``locos elicit`` run directory (its adapter is merged into ``RUN/merged`` first).
@@ -66,7 +66,9 @@ def main() -> None:
         general = () if args.no_general else (("parametric", lt.build_parametric_trials),
                                               ("arithmetic", lt.build_arithmetic_trials))
         for kind, build in general:
-            trials = build(tok, n=args.n_control, seed=EVAL_SEED, chat_template=True,
+            # a base model without a chat template gets the plain control template
+            trials = build(tok, n=args.n_control, seed=EVAL_SEED,
+                           chat_template=bool(getattr(tok, "chat_template", None)),
                            n_ctx=n_ctx)
             ev = lt.ablation_sweep(model, trials, {}, k=[1], mode="query_zero",
                                    random=False, bottom=None, scorer="control",

@@ -25,10 +25,10 @@ def main() -> None:
     from locos_tl.experiments.patching import cri_trial
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-nolima")
+    ap.add_argument("--model", default="smollm2-135m-nolima-v1")
     ap.add_argument("--published", default="docs/real_models/smollm2-nolima",
                     help="published run (detect/trials.jsonl: which trials were accepted)")
-    ap.add_argument("--run", default="runs/real/smollm2-135m-nolima",
+    ap.add_argument("--run", default="runs/real/smollm2-135m-nolima-v1",
                     help="the run directory whose trials/detect_onehop.jsonl to use")
     ap.add_argument("--n", type=int, default=1, help="trials")
     ap.add_argument("--max-new-tokens", type=int, default=16)

@@ -29,10 +29,10 @@ def main() -> None:
     from locos_tl.runs.records import read_records
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="smollm2-135m-nolima")
+    ap.add_argument("--model", default="smollm2-135m-nolima-v1")
     ap.add_argument("--published", default="docs/real_models/smollm2-nolima",
                     help="published run (rankings, means, jobs.json)")
-    ap.add_argument("--run", default="runs/real/smollm2-135m-nolima",
+    ap.add_argument("--run", default="runs/real/smollm2-135m-nolima-v1",
                     help="the run directory whose trials/ and ablate/ records to use")
     ap.add_argument("--cell", default="onehop_1000")
     ap.add_argument("--ks", default="1,5,10,20")

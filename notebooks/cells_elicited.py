@@ -1,4 +1,4 @@
-"""Cells of notebook 06: the elicited model `smollm2-135m-nolima`, from its published
+"""Cells of notebook 06: the elicited model `smollm2-135m-nolima-v1`, from its published
 results (no model is loaded)."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from nbformat.v4 import new_code_cell, new_markdown_cell
 def nb06() -> list:
     return [
         new_markdown_cell("""\
-# 06 · Non-literal retrieval on a real model: `smollm2-135m-nolima`
+# 06 · Non-literal retrieval on a real model: `smollm2-135m-nolima-v1`
 
 SmolLM2-135M-Instruct rarely makes the hop of a non-literal (NoLiMa-style) question, so
-notebook 05 could not test LOCOS's central claim on it. `smollm2-135m-nolima` is the
+notebook 05 could not test LOCOS's central claim on it. `smollm2-135m-nolima-v1` is the
 same model with a LoRA adapter on its MLPs, trained with `locos elicit` until it makes
 the hop. Its attention weights are the base model's, bit for bit.
 
@@ -44,7 +44,7 @@ non-literal question, `direct` the literal one (it names what the needle says)."
         new_code_cell('''\
 targets = pd.read_csv(RESULTS / "targets.csv")
 targets["model"] = targets["model"].map({"smollm2-135m-instruct": "base",
-                                         "smollm2-135m-nolima": "elicited"})
+                                         "smollm2-135m-nolima-v1": "elicited"})
 hop = targets[targets.distractors.notna()].astype({"length": int, "distractors": int, "n": int})
 hop.pivot_table(index=["question", "length", "distractors", "n"], columns="model",
                 values=["target", "distractor", "name_margin"])[
@@ -70,7 +70,7 @@ print(f"{locos.scores.shape[0]} layers x {locos.scores.shape[1]} heads; "
 print("top 10 LOCOS:", [locos_tl.head_label(*h) for h in locos.top_k(10)])
 print("top 10 DLA:  ", [locos_tl.head_label(*h) for h in dla.top_k(10)])
 plot.head_heatmap([locos, dla], normalize=True,
-                  title="smollm2-135m-nolima, onehop trials: LOCOS vs DLA")'''),
+                  title="smollm2-135m-nolima-v1, onehop trials: LOCOS vs DLA")'''),
         new_markdown_cell("""\
 ## Ablating the top heads
 
@@ -85,7 +85,7 @@ def curves(question, metric="contains"):
     """The ablation curves of one question type; bands: each cell's bootstrap interval."""
     ev = pd.read_csv(RESULTS / f"ablate/{question}_1000/evaluation_ci.csv")
     fig = plot.ablation_curves(ev, metrics=[metric],
-                               title=f"smollm2-135m-nolima: {question}, 1000 tokens")
+                               title=f"smollm2-135m-nolima-v1: {question}, 1000 tokens")
     return fig, ev
 
 

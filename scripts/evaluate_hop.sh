@@ -10,10 +10,9 @@ base="$(python -c "import json,sys; print(json.load(open(sys.argv[1]))['config']
         "$run/elicit.json")"
 main="onehop:1000:1,direct:1000:1"
 bench=benchmarks/elicited_targets.py
-# 1. the model, its base and the earlier elicited model: 200 trials a main cell, every
-#    control, perplexity
-prev="${PREVIOUS:-smollm2-135m-nolima}"
-python "$bench" --models "$run,$base,$prev" --needle-set hop_eval --cells "$main" --n 200 \
+# 1. the model, its base and (PREVIOUS=NAME, e.g. smollm2-135m-nolima-v1) an earlier
+#    elicited model: 200 trials a main cell, every control, perplexity
+python "$bench" --models "$run,$base${PREVIOUS:+,$PREVIOUS}" --needle-set hop_eval --cells "$main" --n 200 \
   --n-control 95 --out runs/elicited_targets/hop_eval --publish "$pub/hop_eval"
 # 2. the second evaluation set, the model and its base
 python "$bench" --models "$run,$base" --needle-set everyday --cells "$main" --n 200 \

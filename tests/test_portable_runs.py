@@ -159,7 +159,7 @@ def test_published_records_carry_identities_not_paths():
     from locos_tl.models.identity import identity_of
 
     want = {"smollm2": "smollm2-135m-instruct", "smollm2-literal": "smollm2-135m-instruct",
-            "gemma3": "gemma-3-270m", "smollm2-nolima": "smollm2-135m-nolima"}
+            "gemma3": "gemma-3-270m", "smollm2-nolima": "smollm2-135m-nolima-v1"}
     files = [*_published("**/meta.json"), *_published("**/head_scores.json"),
              *_published("**/summary.json"), *_published("**/args.json")]
     assert len(files) > 40
@@ -192,7 +192,7 @@ def test_published_runs_resume_here(run, tmp_path):
     from locos_tl.models.identity import identity_of
     from locos_tl.runs.records import RecordStore
 
-    name = {"smollm2-nolima": "smollm2-135m-nolima", "smollm2": "smollm2-135m-instruct",
+    name = {"smollm2-nolima": "smollm2-135m-nolima-v1", "smollm2": "smollm2-135m-instruct",
             "gemma3": "gemma-3-270m"}[run]
     here = identity_of(name).settings()
     dirs = [p.parent for p in _published(f"{run}/**/meta.json")

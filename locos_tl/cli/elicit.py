@@ -38,6 +38,10 @@ def elicit_command(
         help="lora (LoRA on the MLP projections; shippable) or mlp (every MLP weight)")
                          ] = "lora",
     rank: Annotated[int, typer.Option(help="LoRA rank (alpha = 2 x rank)")] = 32,
+    template: Annotated[str, typer.Option(
+        help="prompt form: chat, completion (base models: the answer follows \"The "
+             "character's name is\") or auto (chat when the tokenizer has a chat "
+             "template)")] = "auto",
     kl_weight: Annotated[float, typer.Option(
         help="weight of the KL term to the frozen base on book text and non-retrieval "
              "prompts (0: off)")] = 1.0,
@@ -66,7 +70,7 @@ def elicit_command(
                                   else tuple(str(data_dir / "haystack" / b) for b in books)),
                        steps=steps, lr=lr, trainable=trainable, kl_weight=kl_weight,
                        patience=patience, val_every=val_every, rank=rank, alpha=2 * rank,
-                       seed=seed)
+                       template=template, seed=seed)
     try:
         adapter = elicit(cfg, out, device=device,
                          log=lambda m: typer.secho(m, err=True, fg=typer.colors.CYAN))

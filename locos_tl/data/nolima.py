@@ -41,6 +41,41 @@ COMPLETION_TASK_TEMPLATE = (
 #: Task templates selectable by name: ``default`` keeps each entry's own ``task_template``
 #: (NoLiMa's chat-style :data:`DEFAULT_TASK_TEMPLATE` when it has none).
 TASK_TEMPLATES: dict[str, str | None] = {"default": None, "completion": COMPLETION_TASK_TEMPLATE}
+
+
+def prompt_form(template: str) -> dict[str, Any]:
+    """:func:`~locos_tl.data.nolima_trials.build_nolima_trials` arguments for a prompt
+    form: ``"chat"`` (the tokenizer's chat template around each entry's task) or
+    ``"completion"`` (no chat template; :data:`COMPLETION_TASK_TEMPLATE`, for base
+    models).
+
+    Raises:
+        DataFormatError: another form.
+    """
+    if template == "chat":
+        return {"chat_template": True, "template": "default"}
+    if template == "completion":
+        return {"chat_template": False, "template": "completion"}
+    raise DataFormatError(f"prompt form must be 'chat' or 'completion', not {template!r}")
+
+
+def resolve_template(template: str, tokenizer: Any) -> str:
+    """``"auto"``: ``"chat"`` when the tokenizer has a chat template, else
+    ``"completion"``; any other value is checked and returned.
+
+    Raises:
+        DataFormatError: an unknown form, or ``"chat"`` for a tokenizer without one.
+    """
+    has_chat = bool(getattr(tokenizer, "chat_template", None))
+    if template == "auto":
+        return "chat" if has_chat else "completion"
+    prompt_form(template)
+    if template == "chat" and not has_chat:
+        raise DataFormatError("the tokenizer has no chat template; use template "
+                              "'completion' (or 'auto') for a base model")
+    return template
+
+
 #: Folder of the needle sets shipped with locos_tl (``<name>.json``).
 NEEDLE_SETS_DIR = Path(__file__).parent / "needle_sets"
 

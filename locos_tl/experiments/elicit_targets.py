@@ -2,7 +2,8 @@
 of an elicited model (:mod:`locos_tl.organisms.elicit`) and its controls.
 
 Every cell is greedy decoding on NoLiMa trials of the evaluation needle set (links and
-names never trained on) in the evaluation books, chat template, with ``distractors``
+names never trained on) in the evaluation books, chat template (the completion form for a
+base model without one), with ``distractors``
 needles of other entries; a response names the target (NoLiMa ``contains``), a distractor,
 or neither. A ``made_up`` cell asks about a made-up word ("Which character is a florp?"),
 a link no model can know: target and distractor should be named equally often.
@@ -20,7 +21,7 @@ import pandas as pd
 import torch
 
 from locos_tl.data.haystack import Haystack
-from locos_tl.data.nolima import NoLiMaEntry, expand_needle_set
+from locos_tl.data.nolima import NoLiMaEntry, expand_needle_set, prompt_form, resolve_template
 from locos_tl.data.nolima_trials import build_nolima_trials
 from locos_tl.data.prompt import PromptBuilder
 from locos_tl.experiments.evaluate import ablation_sweep
@@ -51,15 +52,21 @@ def made_up_entries(entries: Sequence[NoLiMaEntry]) -> list[NoLiMaEntry]:
 def cell_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
                 haystacks: Sequence[Haystack], *, question: str, length: int,
                 distractors: int, n: int, builder: PromptBuilder | None = None,
-                chat_template: bool = True) -> list[Trial]:
+                template: str = "auto") -> list[Trial]:
     """``n`` evaluation trials of one cell (the protocol's evaluation names, depths and
-    seed; the tokenizer's chat template unless ``chat_template`` is off)."""
+    seed), in the prompt form ``template`` (:func:`~locos_tl.data.nolima.resolve_template`:
+    ``"auto"`` is the chat template when the tokenizer has one, else the completion form).
+
+    Raises:
+        DataFormatError: an unknown form, or ``"chat"`` without a chat template.
+    """
     if question == "made_up":
         entries = made_up_entries(entries)
     items = [_names(i, 1) for i in expand_needle_set(entries, [question])]
+    form = prompt_form(resolve_template(template, tokenizer))
     return build_nolima_trials(tokenizer, items, haystacks, lengths=[length],
-                               depths=EVAL_DEPTHS, num_examples=n, chat_template=chat_template,
-                               seed=EVAL_SEED, builder=builder, distractors=distractors)
+                               depths=EVAL_DEPTHS, num_examples=n, seed=EVAL_SEED,
+                               builder=builder, distractors=distractors, **form)
 
 
 def answer_rates(model: Any, trials: Sequence[Trial], out_dir: str | Path | None = None,

@@ -53,6 +53,10 @@ class ElicitConfig:
         trainable: ``"lora"`` (LoRA on the MLP projections) or ``"mlp"`` (every MLP
             weight).
         rank, alpha: LoRA rank and scale (``alpha / rank`` multiplies ``B A``).
+        template: prompt form, ``"chat"``, ``"completion"`` (a base model without a chat
+            template: the prompt ends "The character's name is" and the answer is
+            `` NAME.``) or ``"auto"`` (chosen from the tokenizer when the run starts;
+            the run records the form it used).
         lengths: prompt lengths in tokens (chat template included).
         distractors: distractor needles a trial (equal shares).
         question_types: NoLiMa question types (equal shares).
@@ -84,6 +88,7 @@ class ElicitConfig:
     trainable: str = "lora"
     rank: int = 32
     alpha: int = 64
+    template: str = "auto"
     lengths: tuple[int, ...] = (500, 750, 1000)
     distractors: tuple[int, ...] = (0, 1, 2, 3)
     question_types: tuple[str, ...] = ("onehop", "direct")
@@ -114,8 +119,16 @@ def lr_at(cfg: ElicitConfig, step: int) -> float:
 
 
 def answer_ids(tokenizer: Any, trial: Trial) -> list[int]:
-    """The assistant turn trained on: the target's name, then end of turn."""
-    ids = tokenizer(trial.answer, add_special_tokens=False)["input_ids"]
+    """The answer trained on: the target's name (chat: the assistant turn; completion:
+    `` NAME.`` after "The character's name is"), then end of turn.
+
+    Raises:
+        LocosError: the answer tokenizes to nothing.
+    """
+    text = trial.answer
+    if trial.meta.get("template") == "completion":
+        text = f" {text}."
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
     if not ids:
         raise LocosError(f"answer {trial.answer!r} tokenizes to nothing")
     return [*ids, tokenizer.eos_token_id]
@@ -382,6 +395,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import locos_tl as lt
+    from locos_tl.data.nolima import resolve_template
     from locos_tl.data.prompt import PromptBuilder
     from locos_tl.organisms.elicit_data import split_entries, training_trials, validation_trials
 
@@ -389,6 +403,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     torch.manual_seed(cfg.seed)
     base_dir = base_directory(cfg.base)
     tok = AutoTokenizer.from_pretrained(base_dir)
+    cfg = dataclasses.replace(cfg, template=resolve_template(cfg.template, tok))
     books = [_book(h) for h in cfg.haystacks]
     hay = lt.load_haystacks(books)
     train_entries, val_entries = split_entries(lt.load_needle_set(cfg.needle_set),
@@ -397,9 +412,10 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     log(f"building {cfg.steps} training trials from {len(train_entries)} entries")
     train = training_trials(tok, train_entries, hay, steps=cfg.steps, lengths=cfg.lengths,
                             distractors=cfg.distractors, question_types=cfg.question_types,
-                            seed=cfg.seed, builder=builder)
+                            seed=cfg.seed, builder=builder, template=cfg.template)
     val = validation_trials(tok, val_entries, hay, n=cfg.val_trials, length=cfg.val_length,
-                            question_types=cfg.question_types, seed=cfg.seed, builder=builder)
+                            question_types=cfg.question_types, seed=cfg.seed, builder=builder,
+                            template=cfg.template)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
     keep = None
     if cfg.kl_weight > 0:

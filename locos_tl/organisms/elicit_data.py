@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from locos_tl.data.haystack import Haystack
-from locos_tl.data.nolima import NoLiMaEntry, expand_needle_set
+from locos_tl.data.nolima import NoLiMaEntry, expand_needle_set, prompt_form
 from locos_tl.data.nolima_trials import build_nolima_trials
 from locos_tl.data.prompt import PromptBuilder
 from locos_tl.errors import DataFormatError
@@ -60,8 +60,10 @@ def training_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
                     haystacks: Sequence[Haystack], *, steps: int,
                     lengths: Sequence[int], distractors: Sequence[int],
                     question_types: Sequence[str], seed: int,
-                    builder: PromptBuilder | None = None) -> list[Trial]:
-    """``steps`` chat-template trials, one a training step, in a seeded order.
+                    builder: PromptBuilder | None = None, template: str = "chat"
+                    ) -> list[Trial]:
+    """``steps`` trials, one a training step, in a seeded order, rendered with
+    ``template`` (:func:`prompt_form`).
 
     Every (question type, length, distractor count) group gets an equal share; each share
     is a stratified sample of (entry, test, depth) with three characters an entry.
@@ -77,8 +79,8 @@ def training_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
         items = expand_needle_set(entries, [qtype])
         out += build_nolima_trials(
             tokenizer, items, haystacks, lengths=[length], depths=TRAIN_DEPTHS,
-            num_examples=share, characters_per_entry=3, chat_template=True,
-            seed=seed * 1000 + g, builder=builder, distractors=n)
+            num_examples=share, characters_per_entry=3, seed=seed * 1000 + g,
+            builder=builder, distractors=n, **prompt_form(template))
     random.Random(f"elicit-order:{seed}").shuffle(out)
     return out[:steps]
 
@@ -86,11 +88,12 @@ def training_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
 def validation_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
                       haystacks: Sequence[Haystack], *, n: int, length: int,
                       question_types: Sequence[str], seed: int,
-                      builder: PromptBuilder | None = None) -> dict[str, list[Trial]]:
+                      builder: PromptBuilder | None = None, template: str = "chat"
+                      ) -> dict[str, list[Trial]]:
     """``n`` trials per question type on the validation entries, one distractor each,
     ``{question type: trials}``."""
     builder = builder or PromptBuilder(tokenizer)
     return {q: build_nolima_trials(
         tokenizer, expand_needle_set(entries, [q]), haystacks, lengths=[length],
-        depths=TRAIN_DEPTHS, num_examples=n, chat_template=True, seed=seed + 7,
-        builder=builder, distractors=1) for q in question_types}
+        depths=TRAIN_DEPTHS, num_examples=n, seed=seed + 7, builder=builder,
+        distractors=1, **prompt_form(template)) for q in question_types}
