@@ -16,16 +16,24 @@ def run_args(run: Path) -> dict[str, Any]:
     return json.loads((Path(run) / "args.json").read_text())
 
 
+#: the recorded options that shape the trial files (``locos reproduce`` flags)
+TRIAL_FLAGS = ("needle_set", "detect_needle_set", "eval_needle_set", "template",
+               "detect_length", "detect_haystack", "distractors", "n_detect", "n_eval",
+               "n_niah", "n_control", "eval_lengths", "n_calibration",
+               "calibration_chars")
+
+
 def rebuild_trials(run: Path, out: Path) -> Path:
     """The folder of the run's trial files (``detect_onehop.jsonl``,
-    ``eval_onehop_1000.jsonl``, ...), rebuilt into ``out/trials`` once."""
+    ``eval_onehop_1000.jsonl``, ...), rebuilt into ``out/trials`` once with every
+    trial-shaping option the run recorded (:data:`TRIAL_FLAGS`)."""
     args = run_args(run)
     tdir = Path(out) / "trials" / "trials"
     if not (tdir / "detect_onehop.jsonl").exists():
         cmd = [str(Path(sys.executable).parent / "locos"), "reproduce", "--model",
-               args["model"], "--stages", "trials", "--needle-set", args["needle_set"],
-               "--eval-lengths", str(args["eval_lengths"]), "--out", str(Path(out) / "trials")]
-        if args.get("distractors"):
-            cmd += ["--distractors", str(args["distractors"])]
+               args["model"], "--stages", "trials", "--out", str(Path(out) / "trials")]
+        for key in TRIAL_FLAGS:
+            if args.get(key) not in (None, "", 0):
+                cmd += [f"--{key.replace('_', '-')}", str(args[key])]
         subprocess.run(cmd, check=True)
     return tdir

@@ -211,7 +211,7 @@ def test_resumed_run_with_kl_equals_uninterrupted(tiny_dirs, tmp_path, monkeypat
 def test_cast_adapter_rounds_once_and_merges_the_rounded_weights(tiny_dirs, tmp_path):
     from safetensors.torch import load_file
 
-    from locos_tl.models.elicited import merged_model
+    from locos_tl.models.elicited import cast_adapter, merged_model
 
     model, _ = _hf(tiny_dirs)
     wrapped = el.add_mlp_lora(model, el.ElicitConfig(rank=2, alpha=4))
@@ -221,7 +221,7 @@ def test_cast_adapter_rounds_once_and_merges_the_rounded_weights(tiny_dirs, tmp_
                 p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(n)))
     wrapped.save_pretrained(tmp_path / "adapter")
     before = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
-    el.cast_adapter(tmp_path / "adapter")
+    cast_adapter(tmp_path / "adapter")
     after = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
     assert before.keys() == after.keys()
     for k, v in after.items():
@@ -237,4 +237,4 @@ def test_cast_adapter_rounds_once_and_merges_the_rounded_weights(tiny_dirs, tmp_
         torch.testing.assert_close(merged[f"{stem}.weight"].double(), want, rtol=0,
                                    atol=1e-6)
     with pytest.raises(el.LocosError, match="no adapter weights"):
-        el.cast_adapter(tmp_path / "nothing")
+        cast_adapter(tmp_path / "nothing")

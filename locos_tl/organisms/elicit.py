@@ -478,25 +478,3 @@ def _sha(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def cast_adapter(adapter: str | os.PathLike[str], dtype: torch.dtype = torch.bfloat16
-                 ) -> Path:
-    """Store a LoRA adapter's weights (``adapter_model.safetensors``) in ``dtype``, in
-    place: a rank-32 adapter of SmolLM2 is 24 MB in float32 and 12 MB in bfloat16. peft
-    loads it into the float32 model unchanged otherwise (the values are rounded once;
-    evaluate the cast adapter, not the float32 one).
-
-    Raises:
-        LocosError: no adapter weights in ``adapter``.
-    """
-    from safetensors.torch import load_file, save_file
-
-    path = Path(adapter) / "adapter_model.safetensors"
-    if not path.is_file():
-        raise LocosError(f"no adapter weights in {adapter} (adapter_model.safetensors)")
-    weights = {k: v.to(dtype).contiguous() for k, v in load_file(path).items()}
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    save_file(weights, tmp, metadata={"format": "pt"})
-    os.replace(tmp, path)
-    return path
