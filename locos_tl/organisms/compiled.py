@@ -1,7 +1,7 @@
 """A hand-compiled organism: Qwen3 weights SET BY HAND to implement the circuit.
 
-Fallback of issue 4 while a trained organism that meets every bar is pursued: the
-circuit is exactly the intended one, so its ground truth is known by construction
+A companion to the trained organisms: the circuit is exactly the intended one, so
+its ground truth is known by construction
 (and still checked causally by :mod:`locos_tl.organisms.analysis`).
 
 Residual stream (d_model 256), one direction per feature::

@@ -25,7 +25,7 @@ from locos_tl.organisms.tasks import make_trials
 
 Head = tuple[int, int]
 
-#: The criteria the card checks at each length (issue 13).
+#: The criteria the card checks at each length.
 NONLIT_DROP_MIN = 0.5
 LITERAL_KEEP_MIN = 0.8
 
