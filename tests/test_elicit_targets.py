@@ -55,7 +55,7 @@ def test_cells_hold_distractors_and_evaluation_names(qwen3):
     entries = load_needle_set("everyday")
     hay = load_haystacks([PROSE_HAYSTACK])
     trials = cell_trials(qwen3.tokenizer, entries, hay, question="made_up", length=400,
-                         distractors=2, n=3, chat_template=False)
+                         distractors=2, n=3, template="completion")
     assert len(trials) == 3
     for t in trials:
         assert len(t.meta["distractor_names"]) == 2
