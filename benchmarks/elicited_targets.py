@@ -3,8 +3,9 @@ ability (:mod:`locos_tl.experiments.elicit_targets`).
 
 For each model, on an evaluation needle set (``--needle-set``: ``hop_eval``, link kinds
 never trained on, or ``everyday``; evaluation names; the Mohicans books, never trained
-on; the chat template, or the completion form for a base model without one), greedy: how often the answer names the target and a distractor, per cell
-(question, length, distractors); then parametric and arithmetic controls ("contains",
+on; the chat template, or the completion form for a base model without one), greedy:
+how often the answer names the target and a distractor, per cell (question, length,
+distractors); then parametric and arithmetic controls ("contains",
 and exact match) and perplexity on Mohicans part 1. A model is a registry name or an
 ``locos elicit`` run directory (its adapter is merged into ``RUN/merged`` first).
 Resumable (``--out``); prints one table and writes ``targets.csv``::
@@ -25,6 +26,7 @@ def main() -> None:
     import pandas as pd
 
     import locos_tl as lt
+    from locos_tl.data.nolima import resolve_template
     from locos_tl.experiments.elicit_targets import CELLS, perplexity, targets_table
     from locos_tl.experiments.protocol.common import EVAL_SEED
 
@@ -68,7 +70,7 @@ def main() -> None:
         for kind, build in general:
             # a base model without a chat template gets the plain control template
             trials = build(tok, n=args.n_control, seed=EVAL_SEED,
-                           chat_template=bool(getattr(tok, "chat_template", None)),
+                           chat_template=resolve_template("auto", tok) == "chat",
                            n_ctx=n_ctx)
             ev = lt.ablation_sweep(model, trials, {}, k=[1], mode="query_zero",
                                    random=False, bottom=None, scorer="control",

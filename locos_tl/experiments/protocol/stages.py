@@ -35,6 +35,7 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
         load_niah_probes,
     )
     from locos_tl.data.hub import load_tokenizer
+    from locos_tl.data.nolima import prompt_form
     from locos_tl.data.packaged import resolve_data_dir
     from locos_tl.data.prompt import PromptBuilder
 
@@ -44,11 +45,10 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     eval_hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
     detect_set, eval_set = needle_sets(args)
     entries = {"detect": load_needle_set(detect_set), "eval": load_needle_set(eval_set)}
-    chat = args.template == "chat"
+    form = prompt_form(args.template)  # chat models: chat template; base: completion
+    chat = form["chat_template"]
     builder = PromptBuilder(tok)
-    # chat models: NoLiMa's chat-style task template; base models: the completion one
-    kw = {"template": "completion" if args.template == "completion" else "default",
-          "distractors": getattr(args, "distractors", 0)}
+    kw = {"template": form["template"], "distractors": getattr(args, "distractors", 0)}
     for qtype in ("onehop", "direct"):
         items = expand_needle_set(entries["detect"], [qtype])
         det = build_nolima_trials(
