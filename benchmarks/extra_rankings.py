@@ -1,8 +1,9 @@
 """Attribution patching and QRHead in a published protocol run: both rankings computed
 on the run's detection trials, then ablated (query-mean, the run's means) at one k on
 its 1000-token evaluation trials beside a fresh baseline, so the README's tables carry a
-row for every ranking. The baseline must equal the published one (same greedy answers);
-the script says whether it does. Resumable (``--out``)::
+row for every ranking, with paired tests of LOCOS against each and of each against
+random heads (``paired_k{k}.csv``). The baseline must equal the published one (same
+greedy answers); the script says whether it does. Resumable (``--out``)::
 
     python benchmarks/extra_rankings.py --run docs/real_models/smollm2 --k 10 \\
         --publish docs/real_models/smollm2
@@ -41,7 +42,7 @@ def main() -> None:
     scores = lt.score_methods(model, detect, methods=["atp", "qrhead"],
                               out_dir=out / "detect", max_new_tokens=n_new)
     means = AblationMeans.load(run / "means.safetensors")
-    rows = []
+    rows, tests = [], []
     for q in args.questions.split(","):
         trials = load_trials(tdir / f"eval_{q}_1000.jsonl")
         df = lt.ablation_sweep(model, trials, scores, k=[args.k], mode="query_mean",
@@ -56,14 +57,38 @@ def main() -> None:
         new = df[(df["method"] == "baseline") & (df["metric"] == "contains")]["value"].iloc[0]
         print(f"{q}: baseline contains {new:.3f}, published {pub:.3f}"  # noqa: T201
               f" ({'same' if abs(new - pub) < 1e-12 else 'DIFFERENT'})")
+        tests.append(_paired(run / "ablate" / f"{q}_1000", out / "ablate" / f"{q}_1000",
+                             trials, args.k).assign(question=q))
     table = pd.concat(rows, ignore_index=True)
+    paired = pd.concat(tests, ignore_index=True)
     print(table[table["metric"] == "contains"].to_string(index=False))  # noqa: T201
+    print(paired.to_string(index=False, float_format=lambda v: f"{v:.3g}"))  # noqa: T201
     if args.publish:
         dest = Path(args.publish)
         for m, hs in scores.items():
             hs.save(dest / "heads" / m)
         (dest / "extra_rankings").mkdir(parents=True, exist_ok=True)
         table.to_csv(dest / "extra_rankings" / f"ablation_k{args.k}.csv", index=False)
+        paired.to_csv(dest / "extra_rankings" / f"paired_k{args.k}.csv", index=False)
+
+
+#: (a, b) pairs tested trial by trial: LOCOS against each new ranking, each against random
+PAIRS = (("locos", "atp"), ("locos", "qrhead"), ("atp", "random"), ("qrhead", "random"))
+
+
+def _paired(published: Path, new: Path, trials: list, k: int):
+    """McNemar and Wilcoxon (:func:`locos_tl.paired_tests`) of :data:`PAIRS` at ``k``, on
+    the published run's records (LOCOS, random) joined with this script's (AtP, QRHead)
+    over the same trials."""
+    import pandas as pd
+
+    import locos_tl as lt
+    from locos_tl.experiments.run_table import load_evaluation
+
+    pub = load_evaluation(published, trials, per_trial=True)
+    ours = load_evaluation(new, trials, per_trial=True)
+    recs = pd.concat([pub, ours[ours["method"].isin(["atp", "qrhead"])]], ignore_index=True)
+    return pd.concat([lt.paired_tests(recs, a, b, k=k) for a, b in PAIRS], ignore_index=True)
 
 
 if __name__ == "__main__":
