@@ -190,3 +190,33 @@ def test_shipped_adapter_keeps_every_attention_and_embedding_weight(name):
             assert not torch.equal(merged[k], w), k
         else:
             assert torch.equal(merged[k], w), k
+
+
+@pytest.mark.parametrize("name", sorted(ELICITED_MODELS))
+def test_elicited_entry_matches_its_base_and_adapter(name):
+    """Each elicited entry declares its base's shape and architecture, and its shipped
+    adapter names that base and adapts MLP projections only."""
+    import json
+
+    from locos_tl.models.zoo import REAL_MODELS
+
+    entry = ELICITED_MODELS[name]
+    base = REAL_MODELS[entry.base]
+    assert (entry.architecture, entry.n_layers, entry.n_heads, entry.n_kv_heads) == (
+        base.architecture, base.n_layers, base.n_heads, base.n_kv_heads)
+    assert entry.licence == base.licence
+    config = json.loads((entry.adapter / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == entry.base
+    assert set(config["target_modules"]) <= set(el.MLP_MODULES)
+
+
+def test_saved_lora_names_its_base_not_a_cache_path(tiny_dirs, tmp_path):
+    import json
+
+    model, _ = _hf(tiny_dirs)
+    wrapped = el.add_mlp_lora(model, el.ElicitConfig(rank=2, alpha=4))
+    el.save_lora(wrapped, tmp_path / "adapter", "tiny-base")
+    text = (tmp_path / "adapter" / "adapter_config.json").read_text()
+    assert json.loads(text)["base_model_name_or_path"] == "tiny-base"
+    assert str(tiny_dirs["llama"]) not in text
+    assert not (tmp_path / "adapter" / "README.md").exists()

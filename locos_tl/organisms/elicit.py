@@ -427,8 +427,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     result = train_adapter(model, tok, train, val, cfg, out, device=device, keep=keep, log=log)
     adapter = out / "adapter"
     if cfg.trainable == "lora":
-        model.save_pretrained(adapter)
-        (adapter / "README.md").unlink(missing_ok=True)  # peft's empty card template
+        save_lora(model, adapter, str(cfg.base))
     else:
         from safetensors.torch import save_file
 
@@ -478,3 +477,12 @@ def _sha(path: Path) -> str:
     import hashlib
 
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def save_lora(model: Any, adapter: Path, base: str) -> None:
+    """Save a peft LoRA model's adapter to ``adapter``, naming its base ``base`` as given
+    (a registry name such as ``"gemma-3-270m"``), never the cache directory the base was
+    loaded from, so a shipped adapter carries no path of the machine that trained it."""
+    model.peft_config["default"].base_model_name_or_path = base
+    model.save_pretrained(adapter)
+    (Path(adapter) / "README.md").unlink(missing_ok=True)  # peft's empty card template
