@@ -14,6 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+#: the rankings this script adds to a published run
+NEW = ("atp", "qrhead")
+
 
 def main() -> None:
     import pandas as pd
@@ -39,7 +42,7 @@ def main() -> None:
     model = lt.load_model(run_args["model"], device="cpu")
     detect = load_trials(tdir / "detect_onehop.jsonl")
     n_new = int(run_args.get("max_new_tokens", 16))
-    scores = lt.score_methods(model, detect, methods=["atp", "qrhead"],
+    scores = lt.score_methods(model, detect, methods=list(NEW),
                               out_dir=out / "detect", max_new_tokens=n_new)
     means = AblationMeans.load(run / "means.safetensors")
     rows, tests = [], []
@@ -73,7 +76,7 @@ def main() -> None:
 
 
 #: (a, b) pairs tested trial by trial: LOCOS against each new ranking, each against random
-PAIRS = (("locos", "atp"), ("locos", "qrhead"), ("atp", "random"), ("qrhead", "random"))
+PAIRS = (*(("locos", m) for m in NEW), *((m, "random") for m in NEW))
 
 
 def _paired(published: Path, new: Path, trials: list, k: int):
@@ -87,7 +90,7 @@ def _paired(published: Path, new: Path, trials: list, k: int):
 
     pub = load_evaluation(published, trials, per_trial=True)
     ours = load_evaluation(new, trials, per_trial=True)
-    recs = pd.concat([pub, ours[ours["method"].isin(["atp", "qrhead"])]], ignore_index=True)
+    recs = pd.concat([pub, ours[ours["method"].isin(NEW)]], ignore_index=True)
     return pd.concat([lt.paired_tests(recs, a, b, k=k) for a, b in PAIRS], ignore_index=True)
 
 

@@ -58,6 +58,11 @@ def pairs(elicited: str, base: str = "smollm2", literal: str | None = "smollm2-l
 KS = (5, 10, 20)
 
 
+def _run_or_none(text: str) -> str | None:
+    """A published run's folder name; ``none`` (or nothing) for no such run."""
+    return None if text in ("none", "") else text
+
+
 def main() -> None:
     import pandas as pd
     from scipy import stats
@@ -69,17 +74,14 @@ def main() -> None:
                     help="the elicited model's published run, a folder of docs/real_models")
     ap.add_argument("--base", default="smollm2",
                     help="the base model's published non-literal run (gemma3 for Gemma)")
-    ap.add_argument("--literal", default="smollm2-literal",
+    ap.add_argument("--literal", default="smollm2-literal", type=_run_or_none,
                     help="the base model's published literal run ('none': no such run)")
-    ap.add_argument("--first", default=FIRST,
+    ap.add_argument("--first", default=FIRST, type=_run_or_none,
                     help="an earlier elicited model's run to compare with ('none')")
     ap.add_argument("--out", default=None, help="write the table here (CSV)")
     args = ap.parse_args()
     rows = []
-    none = {"none", ""}
-    for label, a, b in pairs(args.elicited, args.base,
-                             None if args.literal in none else args.literal,
-                             None if args.first in none else args.first):
+    for label, a, b in pairs(args.elicited, args.base, args.literal, args.first):
         sa, sb = lt.load_head_scores(ROOT / a), lt.load_head_scores(ROOT / b)
         n = sa.scores.numel()
         agree = lt.compare_rankings(sa, sb, ks=KS).set_index("bucket").loc["all"]

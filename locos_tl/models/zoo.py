@@ -167,34 +167,37 @@ _FILES: dict[str, Callable[[], Path]] = {
 }
 
 
+def _elicited(name: str, base: str, notes: str) -> ElicitedModel:
+    """An elicited model over ``base`` (a key of :data:`REAL_MODELS`): architecture,
+    shape, size and licence are the base's, since only its MLPs changed."""
+    b = REAL_MODELS[base]
+    return ElicitedModel(name=name, base=base, architecture=b.architecture,
+                         n_layers=b.n_layers, n_heads=b.n_heads, n_kv_heads=b.n_kv_heads,
+                         params=b.params, licence=b.licence, notes=notes)
+
+
 #: elicited models: a base of :data:`REAL_MODELS` plus a shipped adapter on its MLPs
 ELICITED_MODELS: dict[str, ElicitedModel] = {
     m.name: m
     for m in (
-        ElicitedModel(
-            name="smollm2-135m-nolima", base="smollm2-135m-instruct",
-            architecture="LlamaForCausalLM", n_layers=30, n_heads=9, n_kv_heads=3,
-            params="135M", licence="Apache-2.0",
-            notes="SmolLM2-135M-Instruct with its MLPs fine-tuned (LoRA, rank 32) on 11 "
-                  "kinds of link beside 0-3 distractor needles, with a KL term to the base "
-                  "on plain text and non-retrieval prompts; attention and embeddings are "
-                  "the base model's, bit for bit (scripts/elicit_hop.sh).",
+        _elicited(
+            "smollm2-135m-nolima", "smollm2-135m-instruct",
+            "SmolLM2-135M-Instruct with its MLPs fine-tuned (LoRA, rank 32) on 11 kinds of "
+            "link beside 0-3 distractor needles, with a KL term to the base on plain text "
+            "and non-retrieval prompts; attention and embeddings are the base model's, bit "
+            "for bit (scripts/elicit_hop.sh).",
         ),
-        ElicitedModel(
-            name="smollm2-135m-nolima-v1", base="smollm2-135m-instruct",
-            architecture="LlamaForCausalLM", n_layers=30, n_heads=9, n_kv_heads=3,
-            params="135M", licence="Apache-2.0",
-            notes="The first recipe, superseded by smollm2-135m-nolima: MLPs fine-tuned "
-                  "(LoRA, rank 16) on one kind of link, no KL term (perplexity +23 %); "
-                  "attention and embeddings are the base model's, bit for bit.",
+        _elicited(
+            "smollm2-135m-nolima-v1", "smollm2-135m-instruct",
+            "The first recipe, superseded by smollm2-135m-nolima: MLPs fine-tuned (LoRA, "
+            "rank 16) on one kind of link, no KL term (perplexity +23 %); attention and "
+            "embeddings are the base model's, bit for bit.",
         ),
-        ElicitedModel(
-            name="gemma3-270m-nolima", base="gemma-3-270m",
-            architecture="Gemma3ForCausalLM", n_layers=18, n_heads=4, n_kv_heads=1,
-            params="270M", licence="Gemma Terms of Use (ai.google.dev/gemma/terms)",
-            notes="Gemma-3-270m (base, completion prompts) with its MLPs fine-tuned (LoRA, "
-                  "rank 32) by the recipe of smollm2-135m-nolima; attention, norms and "
-                  "embeddings are the base model's, bit for bit.",
+        _elicited(
+            "gemma3-270m-nolima", "gemma-3-270m",
+            "Gemma-3-270m (base, completion prompts) with its MLPs fine-tuned (LoRA, rank "
+            "32) by the recipe of smollm2-135m-nolima; attention, norms and embeddings are "
+            "the base model's, bit for bit.",
         ),
     )
 }
