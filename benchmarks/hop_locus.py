@@ -20,7 +20,6 @@ into ``--publish``::
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 
@@ -46,6 +45,7 @@ def main() -> None:
     args = ap.parse_args()
 
     run, out = Path(args.run), Path(args.out)
+    from figures import save_figure
     from published_trials import rebuild_trials, run_args
 
     model_name = run_args(run)["model"]
@@ -63,7 +63,7 @@ def main() -> None:
                          summarize_mlp_patching(each[each["layer"] != "all"])])
     summary.to_csv(dest / "mlp_patching_summary.csv", index=False)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))  # noqa: T201
-    _save(mlp_patching_curves(summary), dest / "mlp_patching")
+    save_figure(mlp_patching_curves(summary), dest / "mlp_patching")
 
     heads = HeadScores.load(run / "heads" / "locos").ranked()[:args.k]
     frames = []
@@ -80,20 +80,7 @@ def main() -> None:
     top = mean.reindex(mean["elicited_minus_base"].abs().sort_values(ascending=False).index)
     print(top.head(15).to_string(float_format=lambda v: f"{v:.2f}"))  # noqa: T201
     print("largest |residual|:", float(attr["residual"].abs().max()))  # noqa: T201
-    _save(score_attribution_bars(frames[0]), dest / "score_attribution")
-
-
-def _save(fig, stem: Path) -> None:
-    """The figure as plotly JSON, and as PNG where headless Chromium is available."""
-    fig.write_json(stem.with_suffix(".json"))
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "docs" / "scripts"))
-    try:
-        from render_figures import chromium, save_png
-
-        if chromium():
-            save_png(fig, stem.with_suffix(".png"))
-    except Exception as exc:  # noqa: BLE001 - the PNG is a convenience
-        print(f"no PNG for {stem.name}: {exc}")  # noqa: T201
+    save_figure(score_attribution_bars(frames[0]), dest / "score_attribution")
 
 
 if __name__ == "__main__":

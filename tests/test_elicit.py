@@ -12,27 +12,12 @@ import torch
 
 pytest.importorskip("peft", reason="the elicit extra is not installed")
 
+from elicit_helpers import hf_model as _hf  # noqa: E402
+from elicit_helpers import name_trials as _trials  # noqa: E402
+
 from locos_tl.errors import LocosError, ModelLoadError  # noqa: E402
 from locos_tl.models.zoo import ELICITED_MODELS  # noqa: E402
 from locos_tl.organisms import elicit as el  # noqa: E402
-from locos_tl.trials import Trial  # noqa: E402
-
-
-def _hf(tiny_dirs):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d = tiny_dirs["llama"]
-    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), \
-        AutoTokenizer.from_pretrained(d)
-
-
-def _trials(tok, n=4):
-    out = []
-    for i in range(n):
-        text = f"The lazy dog near the river is {['Yuki', 'Anna'][i % 2]}. Which one?"
-        ids = tok(text)["input_ids"]
-        out.append(Trial(ids, (0, 4), ["Yuki", "Anna"][i % 2], prompt=text))
-    return out
 
 
 def test_lora_adapts_only_the_mlp_projections(tiny_dirs):

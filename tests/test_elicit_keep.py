@@ -14,30 +14,15 @@ import torch
 
 pytest.importorskip("peft", reason="the elicit extra is not installed")
 
+from elicit_helpers import hf_model as _hf  # noqa: E402
+from elicit_helpers import name_trials as _trials  # noqa: E402
+
 from locos_tl.data import load_needle_set  # noqa: E402
 from locos_tl.data.controls import arithmetic_examples, parametric_examples  # noqa: E402
 from locos_tl.errors import DataFormatError  # noqa: E402
 from locos_tl.organisms import elicit as el  # noqa: E402
 from locos_tl.organisms import elicit_keep as ek  # noqa: E402
 from locos_tl.organisms.elicit_data import split_entries  # noqa: E402
-from locos_tl.trials import Trial  # noqa: E402
-
-
-def _hf(tiny_dirs):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    d = tiny_dirs["llama"]
-    return AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32), \
-        AutoTokenizer.from_pretrained(d)
-
-
-def _trials(tok, n=4):
-    out = []
-    for i in range(n):
-        text = f"The lazy dog near the river is {['Yuki', 'Anna'][i % 2]}. Which one?"
-        out.append(Trial(tok(text)["input_ids"], (0, 4), ["Yuki", "Anna"][i % 2],
-                         prompt=text))
-    return out
 
 
 def _keep(tiny_dirs, weight=1.0):

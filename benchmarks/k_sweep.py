@@ -1,0 +1,90 @@
+"""The ablation grid of a protocol run over more head counts: each ranking's top k heads
+query-mean ablated (the run's means, greedy, the run's decoding budget) at every k of
+``--ks``, beside 3 seeds of k random heads and LOCOS's bottom k, on the run's
+evaluation trials. Paired tests at each k: every ranking and the bottom-k control
+against random heads, and LOCOS against every other ranking (McNemar on ``contains``,
+Wilcoxon on the teacher-forced name margin; :func:`locos_tl.paired_tests`).
+
+``--run`` is a ``locos reproduce`` directory that holds its trials, rankings
+(``detect/``) and means (``runs/real/...``). The run's own generations (its baseline and
+its k) are copied first and reused, so the baseline is the published one. Resumable
+(``--out``); writes ``ablation.csv`` (cells with 95 % bootstrap intervals),
+``paired.csv`` (tests) and ``k_sweep.{html,png}`` (contains against k)::
+
+    python benchmarks/k_sweep.py --run runs/real/gemma-nolima-hop --ks 1,5,10 \\
+        --methods locos,dla,wu_nolima,atp,qrhead \\
+        --publish docs/real_models/gemma3-hop/protocol/k_sweep
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import time
+from pathlib import Path
+
+
+def main() -> None:
+    import pandas as pd
+
+    import locos_tl as lt
+    from locos_tl.engine.ablation import AblationMeans
+    from locos_tl.experiments.protocol.common import rankings_for_ablation
+    from locos_tl.experiments.protocol.stages import load_rankings
+    from locos_tl.trials import load_trials
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--run", required=True, help="a locos reproduce run directory")
+    ap.add_argument("--ks", default="1,5,10,20")
+    ap.add_argument("--methods", default="locos,dla,wu_nolima,attention_spatial",
+                    help="rankings of the run (detect/) to ablate")
+    ap.add_argument("--seeds", default="0,1,2", help="random-heads seeds")
+    ap.add_argument("--question", default="onehop")
+    ap.add_argument("--length", type=int, default=1000)
+    ap.add_argument("--out", default="runs/k_sweep")
+    ap.add_argument("--publish", default=None, help="copy the results here")
+    args = ap.parse_args()
+
+    run, out = Path(args.run), Path(args.out)
+    cell = f"{args.question}_{args.length}"
+    run_args = json.loads((run / "args.json").read_text())
+    rankings = rankings_for_ablation(load_rankings(run), args.methods)
+    methods = list(rankings)
+    if not (out / "ablate").exists():  # reuse the run's generations (baseline, its k)
+        shutil.copytree(run / "ablate" / cell, out / "ablate")
+    means = AblationMeans.load(run / "means.safetensors")
+    trials = load_trials(run / "trials" / f"eval_{cell}.jsonl")
+    ks = [int(k) for k in args.ks.split(",")]
+    model = lt.load_model(run_args["model"], device="cpu")
+    t0 = time.perf_counter()
+    table = lt.ablation_sweep(
+        model, trials, rankings, k=ks, mode="query_mean",
+        means=means, seeds=[int(s) for s in args.seeds.split(",")], random=True,
+        bottom="locos", out_dir=out / "ablate", ci=0.95,
+        max_new_tokens=int(run_args.get("eval_max_new_tokens", 16)))
+    records = lt.load_evaluation(out / "ablate", trials, per_trial=True)
+    pairs = [(m, "random") for m in [*methods, "locos_bottom"]]
+    pairs += [("locos", m) for m in methods if m != "locos"]
+    paired = pd.concat([lt.paired_tests(records, a, b, k=k) for k in ks for a, b in pairs],
+                       ignore_index=True)
+    print(table[table["metric"] == "contains"].to_string(  # noqa: T201
+        index=False, float_format=lambda x: f"{x:.3f}"))
+    print(paired[["method", "against", "k", "contains", "contains_against",  # noqa: T201
+                  "p_mcnemar", "name_margin", "name_margin_against", "p_wilcoxon"]]
+          .to_string(index=False, float_format=lambda x: f"{x:.3g}"))
+    print(f"{len(trials)} trials, {time.perf_counter() - t0:.0f} s")  # noqa: T201
+    fig = lt.plot.ablation_curves(table, metrics=["contains"],
+                                  title=f"{run_args['model']}: {cell}, names the target")
+    for dest in [out, *([Path(args.publish)] if args.publish else [])]:
+        dest.mkdir(parents=True, exist_ok=True)
+        table.to_csv(dest / "ablation.csv", index=False)
+        paired.to_csv(dest / "paired.csv", index=False)
+    if args.publish:
+        from figures import save_figure
+
+        save_figure(fig, Path(args.publish) / "k_sweep", fmt="html")
+
+
+if __name__ == "__main__":
+    main()
