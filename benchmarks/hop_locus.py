@@ -64,6 +64,8 @@ def main() -> None:
     summary.to_csv(dest / "mlp_patching_summary.csv", index=False)
     print(summary.to_string(index=False, float_format=lambda v: f"{v:.2f}"))  # noqa: T201
     save_figure(mlp_patching_curves(summary), dest / "mlp_patching")
+    save_figure(mlp_patching_curves(summary, metric="target_logprob"),
+                dest / "mlp_patching_target")
 
     heads = HeadScores.load(run / "heads" / "locos").ranked()[:args.k]
     frames = []

@@ -146,14 +146,24 @@ def test_summary_and_figure(pair):
         assert (row.margin_low, row.margin_high) == bootstrap_ci(g.margin.to_numpy())
         assert row.recovered == pytest.approx(
             gain.mean() / (g.donor_margin.mean() - g.base_margin.mean()))
+        lift = g.target_logprob.mean() - g.base_target_logprob.mean()
+        assert row.recovered_target_logprob == pytest.approx(
+            lift / (g.donor_target_logprob.mean() - g.base_target_logprob.mean()))
     fig = plot.mlp_patching_curves(s)
-    assert [tr.name for tr in fig.data] == ["needle", "[0, 5)"]
+    assert [tr.name for tr in fig.data] == ["needle", "[0, 5)", "base", "donor"]
+    assert np.allclose(fig.data[2].y, s.groupby(s.layer.astype(str), sort=False)
+                       .base_margin.mean().loc[["0", "1", "all"]].to_numpy())
     assert list(fig.data[0].x) == ["0", "1", "all"]
     sel = s[s.positions == "needle"]
     want = sel.set_index(sel.layer.astype(str)).margin
     assert np.allclose(fig.data[0].y, want.loc[["0", "1", "all"]].to_numpy())
     with pytest.raises(ValueError, match="lacks column"):
         plot.mlp_patching_curves(df)
+    lp = plot.mlp_patching_curves(s, metric="target_logprob")
+    assert np.allclose(lp.data[0].y, sel.set_index(sel.layer.astype(str))
+                       .target_logprob.loc[["0", "1", "all"]].to_numpy())
+    with pytest.raises(ValueError, match="metric must be"):
+        plot.mlp_patching_curves(s, metric="logits")
 
 
 def test_errors(pair, tiny_models, tiny_dirs, tmp_path):

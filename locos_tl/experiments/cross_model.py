@@ -260,7 +260,10 @@ def summarize_mlp_patching(df: pd.DataFrame, confidence: float = 0.95,
         ``positions``, ``layer``, ``n_trials``; ``margin``, ``gain`` (patched minus base
         margin, per trial) and ``target_logprob``, each with ``_low`` / ``_high``;
         ``base_margin``, ``donor_margin`` (means) and ``recovered`` (the mean gain over
-        the mean donor gain). Order of first appearance.
+        the mean donor gain); ``base_target_logprob``, ``donor_target_logprob`` (means)
+        and ``recovered_target_logprob`` (the same fraction for the target's
+        log-probability: meaningful where the donor also raises a distractor, so that
+        the margin moves little). Order of first appearance.
 
     Raises:
         TrialError: ``df`` lacks a column of :data:`COLUMNS`.
@@ -281,5 +284,10 @@ def summarize_mlp_patching(df: pd.DataFrame, confidence: float = 0.95,
         row["donor_margin"] = float(g["donor_margin"].mean())
         full = row["donor_margin"] - row["base_margin"]
         row["recovered"] = row["gain"] / full if full != 0 else float("nan")
+        for what in ("base", "donor"):
+            row[f"{what}_target_logprob"] = float(g[f"{what}_target_logprob"].mean())
+        full = row["donor_target_logprob"] - row["base_target_logprob"]
+        row["recovered_target_logprob"] = ((row["target_logprob"] - row["base_target_logprob"])
+                                           / full if full != 0 else float("nan"))
         out.append(row)
     return pd.DataFrame(out)

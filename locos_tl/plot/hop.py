@@ -12,27 +12,34 @@ from locos_tl.plot._common import _FALLBACK, _check_columns, _fmt
 _SIDE_COLORS = {"query": "#1f77b4", "key": "#ff7f0e"}
 
 
-def mlp_patching_curves(summary: pd.DataFrame, *, title: str | None = None) -> go.Figure:
-    """Name margin of the base with the donor's MLP writes patched in, by layer, one line
-    per position set, with the unpatched base and donor as dashed lines.
+def mlp_patching_curves(summary: pd.DataFrame, *, metric: str = "margin",
+                        title: str | None = None) -> go.Figure:
+    """Name margin (or the target's log-probability) of the base with the donor's MLP
+    writes patched in, by layer, one line per position set, with the unpatched base and
+    donor as dashed lines.
 
     Args:
         summary: ``summarize_mlp_patching(mlp_patching(...))``
             (:mod:`locos_tl.experiments.cross_model`): columns ``positions``, ``layer``
-            (an int, or ``"all"``: every layer at once), ``margin``, ``margin_low``,
-            ``margin_high``, ``base_margin``, ``donor_margin``, ``n_trials``.
+            (an int, or ``"all"``: every layer at once), ``n_trials``, and for the
+            metric ``m``: ``m``, ``m_low``, ``m_high``, ``base_m``, ``donor_m``.
+        metric: ``"margin"`` (name margin, nats) or ``"target_logprob"`` (log-probability
+            of the target's name, nats).
         title: figure title.
 
     Returns:
-        One ``Scatter`` a position set (mean margin in nats, bootstrap interval as error
-        bars; the x axis: layers, then ``"all"``), and two dashed horizontal lines (base,
-        donor).
+        One ``Scatter`` a position set (mean in nats, bootstrap interval as error bars;
+        the x axis: layers, then ``"all"``), then two dashed ones, ``"base"`` and
+        ``"donor"``: the unpatched models on each point's trials.
 
     Raises:
-        ValueError: a column is missing, or the table is empty.
+        ValueError: an unknown metric, a column is missing, or the table is empty.
     """
-    _check_columns(summary, ["positions", "layer", "margin", "margin_low", "margin_high",
-                             "base_margin", "donor_margin", "n_trials"])
+    units = {"margin": "name margin (nats)", "target_logprob": "log P(target name) (nats)"}
+    if metric not in units:
+        raise ValueError(f"metric must be one of {sorted(units)}, not {metric!r}")
+    _check_columns(summary, ["positions", "layer", metric, f"{metric}_low", f"{metric}_high",
+                             f"base_{metric}", f"donor_{metric}", "n_trials"])
     if summary.empty:
         raise ValueError("no rows to plot")
     ints = sorted({int(x) for x in summary["layer"] if x != "all"})
@@ -41,23 +48,28 @@ def mlp_patching_curves(summary: pd.DataFrame, *, title: str | None = None) -> g
     for i, (pos, g) in enumerate(summary.groupby("positions", sort=False)):
         g = g.assign(x=g["layer"].astype(str)).set_index("x").reindex(
             [x for x in order if x in set(g["layer"].astype(str))])
-        m = g["margin"].to_numpy(float)
+        m = g[metric].to_numpy(float)
         fig.add_trace(go.Scatter(
             x=list(g.index), y=m, mode="lines+markers", name=str(pos),
             line={"color": _FALLBACK[i % len(_FALLBACK)]},
             error_y={"type": "data", "symmetric": False,
-                     "array": g["margin_high"].to_numpy(float) - m,
-                     "arrayminus": m - g["margin_low"].to_numpy(float)},
+                     "array": g[f"{metric}_high"].to_numpy(float) - m,
+                     "arrayminus": m - g[f"{metric}_low"].to_numpy(float)},
             customdata=g["n_trials"].to_numpy(),
-            hovertemplate=f"{pos}, layer %{{x}}: margin %{{y:.3g}} nats "
+            hovertemplate=f"{pos}, layer %{{x}}: {metric} %{{y:.3g}} nats "
             "(%{customdata} trials)<extra></extra>"))
+    # the unpatched models on each point's own trials (the per-layer sweep may run on
+    # fewer trials than the all-layers patch)
+    ref = summary.assign(x=summary["layer"].astype(str)).groupby("x", sort=False)[
+        [f"base_{metric}", f"donor_{metric}"]].mean().reindex(order)
     for what, dash in (("base", "dash"), ("donor", "dot")):
-        v = float(summary[f"{what}_margin"].mean())
-        fig.add_hline(y=v, line_dash=dash, line_color="#555",
-                      annotation_text=f"{what} {_fmt(v)}", annotation_position="right")
+        fig.add_trace(go.Scatter(
+            x=order, y=ref[f"{what}_{metric}"].to_numpy(float), mode="lines", name=what,
+            line={"color": "#555", "dash": dash},
+            hovertemplate=f"{what}, layer %{{x}}: %{{y:.3g}} nats<extra></extra>"))
     fig.update_xaxes(title_text="layer patched", type="category", categoryorder="array",
                      categoryarray=order)
-    fig.update_yaxes(title_text="name margin (nats)")
+    fig.update_yaxes(title_text=units[metric])
     fig.update_layout(title=title or "base with the donor's MLP writes", legend_title="positions")
     return fig
 
