@@ -8,8 +8,10 @@ Wilcoxon on the teacher-forced name margin; :func:`locos_tl.paired_tests`).
 ``--run`` is a ``locos reproduce`` directory that holds its trials, rankings
 (``detect/``) and means (``runs/real/...``). The run's own generations (its baseline and
 its k) are copied first and reused, so the baseline is the published one. Resumable
-(``--out``); writes ``ablation.csv`` (cells with 95 % bootstrap intervals),
-``paired.csv`` (tests) and ``k_sweep.{html,png}`` (contains against k)::
+(``--out``). ``--more-ks`` adds head counts at which only ``--more-methods`` and the
+controls run, for once every ranking is at the floor. Writes ``ablation.csv`` (cells
+with 95 % bootstrap intervals), ``paired.csv`` (tests) and ``k_sweep.{html,png}``
+(contains against k)::
 
     python benchmarks/k_sweep.py --run runs/real/gemma-nolima-hop --ks 1,5,10 \\
         --methods locos,dla,wu_nolima,atp,qrhead \\
@@ -39,6 +41,10 @@ def main() -> None:
     ap.add_argument("--ks", default="1,5,10,20")
     ap.add_argument("--methods", default="locos,dla,wu_nolima,attention_spatial",
                     help="rankings of the run (detect/) to ablate")
+    ap.add_argument("--more-ks", default="",
+                    help="further k at which only --more-methods and the controls run")
+    ap.add_argument("--more-methods", default="locos",
+                    help="rankings ablated at --more-ks (e.g. once every ranking is at 0)")
     ap.add_argument("--seeds", default="0,1,2", help="random-heads seeds")
     ap.add_argument("--question", default="onehop")
     ap.add_argument("--length", type=int, default=1000)
@@ -57,17 +63,25 @@ def main() -> None:
     trials = load_trials(run / "trials" / f"eval_{cell}.jsonl")
     ks = [int(k) for k in args.ks.split(",")]
     model = lt.load_model(run_args["model"], device="cpu")
+    more_ks = [int(k) for k in args.more_ks.split(",") if k]
+    more = {m: rankings[m] for m in args.more_methods.split(",")} if more_ks else {}
+
+    def sweep(rankings, ks):
+        return lt.ablation_sweep(
+            model, trials, rankings, k=ks, mode="query_mean",
+            means=means, seeds=[int(s) for s in args.seeds.split(",")], random=True,
+            bottom="locos", out_dir=out / "ablate", ci=0.95,
+            max_new_tokens=int(run_args.get("eval_max_new_tokens", 16)))
+
     t0 = time.perf_counter()
-    table = lt.ablation_sweep(
-        model, trials, rankings, k=ks, mode="query_mean",
-        means=means, seeds=[int(s) for s in args.seeds.split(",")], random=True,
-        bottom="locos", out_dir=out / "ablate", ci=0.95,
-        max_new_tokens=int(run_args.get("eval_max_new_tokens", 16)))
+    table = sweep(rankings, ks)
+    if more:
+        extra = sweep(more, more_ks)
+        table = pd.concat([table, extra[extra["method"] != "baseline"]], ignore_index=True)
     records = lt.load_evaluation(out / "ablate", trials, per_trial=True)
-    pairs = [(m, "random") for m in [*methods, "locos_bottom"]]
-    pairs += [("locos", m) for m in methods if m != "locos"]
-    paired = pd.concat([lt.paired_tests(records, a, b, k=k) for k in ks for a, b in pairs],
-                       ignore_index=True)
+    paired = pd.concat([lt.paired_tests(records, a, b, k=k)
+                        for group, group_ks in ((methods, ks), (list(more), more_ks))
+                        for k in group_ks for a, b in _pairs(group)], ignore_index=True)
     print(table[table["metric"] == "contains"].to_string(  # noqa: T201
         index=False, float_format=lambda x: f"{x:.3f}"))
     print(paired[["method", "against", "k", "contains", "contains_against",  # noqa: T201
@@ -84,6 +98,12 @@ def main() -> None:
         from figures import save_figure
 
         save_figure(fig, Path(args.publish) / "k_sweep", fmt="html")
+
+
+def _pairs(methods: list[str]) -> list[tuple[str, str]]:
+    """Each ranking and the bottom-k control against random heads, LOCOS against each."""
+    pairs = [(m, "random") for m in [*methods, "locos_bottom"]]
+    return pairs + [("locos", m) for m in methods if m != "locos"]
 
 
 if __name__ == "__main__":
