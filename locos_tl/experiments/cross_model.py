@@ -280,14 +280,12 @@ def summarize_mlp_patching(df: pd.DataFrame, confidence: float = 0.95,
             v = np.asarray(v, dtype=float)
             row[k] = float(v.mean())
             row[f"{k}_low"], row[f"{k}_high"] = bootstrap_ci(v, confidence, seed)
-        row["base_margin"] = float(g["base_margin"].mean())
-        row["donor_margin"] = float(g["donor_margin"].mean())
-        full = row["donor_margin"] - row["base_margin"]
-        row["recovered"] = row["gain"] / full if full != 0 else float("nan")
-        for what in ("base", "donor"):
-            row[f"{what}_target_logprob"] = float(g[f"{what}_target_logprob"].mean())
-        full = row["donor_target_logprob"] - row["base_target_logprob"]
-        row["recovered_target_logprob"] = ((row["target_logprob"] - row["base_target_logprob"])
-                                           / full if full != 0 else float("nan"))
+        for metric, share in (("margin", "recovered"),
+                              ("target_logprob", "recovered_target_logprob")):
+            for what in ("base", "donor"):
+                row[f"{what}_{metric}"] = float(g[f"{what}_{metric}"].mean())
+            full = row[f"donor_{metric}"] - row[f"base_{metric}"]
+            lift = row[metric] - row[f"base_{metric}"]  # the mean gain, as for "gain"
+            row[share] = lift / full if full != 0 else float("nan")
         out.append(row)
     return pd.DataFrame(out)
