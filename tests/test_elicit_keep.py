@@ -84,6 +84,42 @@ def test_held_out_windows_and_prompts_never_train(tiny_dirs):
     assert keep.train_window(7) == keep.train_window(7)  # seeded by step
 
 
+def test_validation_books_replace_the_training_tails(tiny_dirs):
+    keep = _keep(tiny_dirs)
+    keep.val_books = [list(range(3, 3 + 24 * 40))]  # 40 windows of 24 tokens
+    wins = keep.val_windows(n=8)
+    assert len(wins) == 16 and all(len(w) == 24 for w in wins)
+    starts = [w[0] - 3 for w in wins]
+    assert starts == [24 * 2 * i for i in range(16)]  # every other window, from the start
+    keep.val_books = [list(range(24 * 3))]  # shorter than 2 n windows: all of them
+    assert [w[0] for w in keep.val_windows(n=8)] == [0, 24, 48]
+    model, _ = _hf(tiny_dirs)
+    row = ek.keep_validation(model, keep)
+    assert row["ppl_ratio"] == 1.0 and row["kl_text"] == 0.0  # the base itself
+
+
+def test_bos_starts_every_book_window(tiny_dirs):
+    keep = _keep(tiny_dirs)
+    plain = (keep.train_window(5), keep.val_windows())
+    keep.bos = 7
+    assert keep.train_window(5) == [7, *plain[0]]
+    assert keep.val_windows() == [[7, *w] for w in plain[1]]
+    keep.val_books = [list(range(100, 200))]
+    assert all(w[0] == 7 and len(w) == 25 for w in keep.val_windows())
+
+
+def test_leading_bos_is_the_token_put_before_text():
+    class Tok:
+        def __init__(self, bos, adds):
+            self.bos_token_id, self.adds = bos, adds
+
+        def __call__(self, text):
+            return {"input_ids": [self.bos_token_id] * self.adds + [40]}
+
+    assert ek.leading_bos(Tok(2, True)) == 2  # Gemma: <bos> starts every text
+    assert ek.leading_bos(Tok(1, False)) is None  # SmolLM2: <|im_start|> is a chat marker
+    assert ek.leading_bos(Tok(None, False)) is None
+
 def test_validation_entries_spread_over_kinds():
     entries = load_needle_set("hop_train")
     train, val = split_entries(entries, 11, by="kind")

@@ -30,6 +30,9 @@ def elicit_command(
         help="training book, repeatable: a shipped book's name (or everyday_prose), or a "
              "file in DATA_DIR/haystack; keep them apart from the evaluation books "
              "[default: dracula_part1, everyday_prose]")] = None,
+    val_book: Annotated[list[str] | None, typer.Option(
+        help="book never trained on whose perplexity decides which states may be kept, "
+             "repeatable, as BOOK [default: the training books' last tenth]")] = None,
     needle_set: Annotated[str, typer.Option(
         help="training needle set (never the evaluation set)")] = "hop_train",
     steps: Annotated[int, typer.Option(help="most optimizer steps, one trial each")] = 1200,
@@ -45,6 +48,9 @@ def elicit_command(
     kl_weight: Annotated[float, typer.Option(
         help="weight of the KL term to the frozen base on book text and non-retrieval "
              "prompts (0: off)")] = 1.0,
+    text_bos: Annotated[bool, typer.Option(
+        help="start the KL term's and validation's book windows with the BOS token "
+             "(--no-text-bos: the shipped adapters' recipe)")] = True,
     val_every: Annotated[int, typer.Option(
         help="steps between validations (and early-stopping checks)")] = 150,
     patience: Annotated[int, typer.Option(
@@ -64,13 +70,14 @@ def elicit_command(
     from locos_tl.organisms.elicit import ElicitConfig, elicit
 
     out = out or _RUNS / Path(base).name
-    books = tuple(book or ElicitConfig.haystacks)
-    cfg = ElicitConfig(base=base, needle_set=needle_set,
-                       haystacks=(books if data_dir is None
-                                  else tuple(str(data_dir / "haystack" / b) for b in books)),
+    books, val_books = tuple(book or ElicitConfig.haystacks), tuple(val_book or ())
+    if data_dir is not None:
+        books, val_books = (tuple(str(data_dir / "haystack" / b) for b in bs)
+                            for bs in (books, val_books))
+    cfg = ElicitConfig(base=base, needle_set=needle_set, haystacks=books, val_books=val_books,
                        steps=steps, lr=lr, trainable=trainable, kl_weight=kl_weight,
                        patience=patience, val_every=val_every, rank=rank, alpha=2 * rank,
-                       template=template, seed=seed)
+                       template=template, seed=seed, text_bos=text_bos)
     try:
         adapter = elicit(cfg, out, device=device,
                          log=lambda m: typer.secho(m, err=True, fg=typer.colors.CYAN))

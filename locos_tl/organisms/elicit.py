@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from locos_tl.errors import LocosError
-from locos_tl.organisms.elicit_keep import KeepData, keep_validation, kl_to_base
+from locos_tl.organisms.elicit_keep import KeepData, keep_data, keep_validation, kl_to_base
 from locos_tl.trials import Trial
 
 #: the MLP projections LoRA adapts (Llama / Qwen / Gemma / OLMo naming)
@@ -47,6 +47,13 @@ class ElicitConfig:
         haystacks: training books: names of books shipped with locos_tl
             (:func:`locos_tl.data.packaged.book_names`, or ``everyday_prose``) or paths of
             text files. They are also the plain text of the KL term.
+        val_books: books never trained on (names or paths, as ``haystacks``) whose
+            perplexity and KL decide which states are eligible (``max_ppl_ratio``);
+            empty: the last tenth of each training book.
+        text_bos: start each book window of the KL term and of validation with the BOS
+            token the tokenizer puts before text (:func:`~locos_tl.organisms.elicit_keep.
+            leading_bos`; Gemma's perplexity without it is 5x higher). False: the
+            windows of the adapters shipped before it.
         steps: most optimizer steps (one trial each, batch 1).
         lr: peak AdamW learning rate (linear warm-up, cosine decay to 10 %).
         warmup: warm-up steps.
@@ -71,8 +78,9 @@ class ElicitConfig:
             early). The score is ``onehop`` target minus distractor rate on the
             validation entries, among validations whose held-out perplexity is within
             ``max_ppl_ratio`` of the base's.
-        max_ppl_ratio: the most perplexity (model over base, held-out book text) a kept
-            checkpoint may have (only with the KL term).
+        max_ppl_ratio: the most perplexity (model over base, on ``val_books`` or the
+            training books' held-out tail) a kept checkpoint may have (only with the KL
+            term).
         save_every: checkpoint interval (steps).
         seed: trials, order, windows and LoRA initialisation.
         bf16_autocast: run forward and backward under CPU/GPU bfloat16 autocast (the
@@ -82,6 +90,8 @@ class ElicitConfig:
     base: str = "smollm2-135m-instruct"
     needle_set: str = "hop_train"
     haystacks: tuple[str, ...] = ("dracula_part1", "everyday_prose")
+    val_books: tuple[str, ...] = ()
+    text_bos: bool = True
     steps: int = 1200
     lr: float = 2e-4
     warmup: int = 50
@@ -419,7 +429,9 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
     keep = None
     if cfg.kl_weight > 0:
-        keep = keep_data(tok, base_dir, books, cfg, out, device=device, log=log)
+        keep = keep_data(tok, base_dir, books, [_book(b) for b in cfg.val_books], cfg,
+                         out, key=_sha(base_dir / "model.safetensors"), device=device,
+                         log=log)
     model = prepare_trainable(model, cfg)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     what = f"LoRA on {', '.join(MLP_MODULES)}" if cfg.trainable == "lora" else "MLP weights"
@@ -440,27 +452,6 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
               "threads": torch.get_num_threads(), **result}
     (out / "elicit.json").write_text(json.dumps(record, indent=1) + "\n")
     return adapter
-
-
-def keep_data(tokenizer: Any, base_dir: Path, books: Sequence[Path], cfg: ElicitConfig,
-              out: Path, *, device: str = "cpu",
-              log: Callable[[str], None] = print) -> KeepData:
-    """The KL term's data: a frozen copy of the base, the training books' tokens and the
-    non-retrieval prompts answered by the base (cached in ``out/keep_prompts.json``)."""
-    from transformers import AutoModelForCausalLM
-
-    from locos_tl.organisms.elicit_keep import book_tokens, keep_questions, keep_sequences
-
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
-    base.eval().requires_grad_(False)
-    out.mkdir(parents=True, exist_ok=True)
-    log("answering the non-retrieval prompts with the frozen base")
-    prompts = keep_sequences(tokenizer, base, keep_questions(cfg.seed), device=device,
-                             cache=out / "keep_prompts.json",
-                             key=_sha(base_dir / "model.safetensors"))
-    texts = [Path(b).read_text(encoding="utf-8") for b in books]
-    return KeepData(base=base, books=book_tokens(tokenizer, texts), prompts=prompts,
-                    window=cfg.kl_window, weight=cfg.kl_weight, seed=cfg.seed)
 
 
 def _book(name_or_path: str) -> Path:

@@ -18,8 +18,8 @@ from __future__ import annotations
 import json
 import math
 import random
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -122,11 +122,15 @@ class KeepData:
 
     Attributes:
         base: the frozen base model (Hugging Face causal LM, ``requires_grad`` off).
-        books: each training book's tokens; the last ``hold_out`` fraction validates.
+        books: each training book's tokens; the last ``hold_out`` fraction validates
+            unless ``val_books`` are given.
         prompts: :func:`keep_sequences`; every ``val_every_nth``-th validates.
         window: tokens of book text a step.
         weight: the KL weight.
         seed: picks the window and prompt of each step.
+        val_books: tokens of books never trained on; when given, the held-out windows
+            are spread over them instead of the training books' tails.
+        bos: a token put before every book window (the tokenizer's BOS), or ``None``.
     """
 
     base: Any
@@ -137,6 +141,11 @@ class KeepData:
     seed: int = 0
     hold_out: float = 0.1
     val_every_nth: int = 8
+    val_books: list[list[int]] = field(default_factory=list)
+    bos: int | None = None
+
+    def _with_bos(self, window: list[int]) -> list[int]:
+        return window if self.bos is None else [self.bos, *window]
 
     def _split(self, toks: list[int]) -> int:
         return int(len(toks) * (1 - self.hold_out))
@@ -147,7 +156,7 @@ class KeepData:
         toks = self.books[rng.randrange(len(self.books))]
         end = self._split(toks) - self.window
         start = rng.randrange(max(1, end))
-        return toks[start:start + self.window]
+        return self._with_bos(toks[start:start + self.window])
 
     def train_prompt(self, step: int) -> list[int]:
         rng = random.Random(f"kl-prompt:{self.seed}:{step}")
@@ -155,16 +164,51 @@ class KeepData:
         return pool[rng.randrange(len(pool))]
 
     def val_windows(self, n: int = 8) -> list[list[int]]:
-        """``n`` consecutive windows from the held-out tail of each book."""
+        """``2 n`` windows spread evenly over each validation book, or else ``n``
+        consecutive windows from the held-out tail of each training book."""
         out = []
-        for toks in self.books:
+        for toks in self.val_books:
+            starts = range(0, len(toks) - self.window + 1, self.window)
+            out += [self._with_bos(toks[s:s + self.window])
+                    for s in starts[::max(1, len(starts) // (2 * n))]][:2 * n]
+        for toks in [] if self.val_books else self.books:
             tail = toks[self._split(toks):]
-            out += [tail[i:i + self.window] for i in range(0, len(tail) - self.window + 1,
-                                                           self.window)][:n]
+            out += [self._with_bos(tail[i:i + self.window])
+                    for i in range(0, len(tail) - self.window + 1, self.window)][:n]
         return out
 
     def val_prompts(self) -> list[list[int]]:
         return [p for i, p in enumerate(self.prompts) if not i % self.val_every_nth]
+
+
+def keep_data(tokenizer: Any, base_dir: Path, books: Sequence[Path],
+              val_books: Sequence[Path], cfg: Any, out: Path, *, key: str,
+              device: str = "cpu", log: Callable[[str], None] = print) -> KeepData:
+    """The KL term's data for an elicit run (``cfg``: its
+    :class:`~locos_tl.organisms.elicit.ElicitConfig`): a frozen copy of the base, the
+    training and validation books' tokens, and the non-retrieval prompts answered by the
+    base (cached in ``out/keep_prompts.json`` under ``key``, the base weights' hash)."""
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
+    base.eval().requires_grad_(False)
+    out.mkdir(parents=True, exist_ok=True)
+    log("answering the non-retrieval prompts with the frozen base")
+    prompts = keep_sequences(tokenizer, base, keep_questions(cfg.seed), device=device,
+                             cache=out / "keep_prompts.json", key=key)
+    read = lambda paths: book_tokens(  # noqa: E731
+        tokenizer, [Path(b).read_text(encoding="utf-8") for b in paths])
+    return KeepData(base=base, books=read(books), prompts=prompts, window=cfg.kl_window,
+                    weight=cfg.kl_weight, seed=cfg.seed, val_books=read(val_books),
+                    bos=leading_bos(tokenizer) if cfg.text_bos else None)
+
+
+def leading_bos(tokenizer: Any) -> int | None:
+    """The BOS token ``tokenizer`` puts before text (Gemma's ``<bos>``), or ``None`` where
+    it puts none (SmolLM2, whose BOS is the chat marker ``<|im_start|>``)."""
+    ids = tokenizer("a")["input_ids"]
+    bos = tokenizer.bos_token_id
+    return bos if bos is not None and ids[:1] == [bos] else None
 
 
 def kl_to_base(model: Any, base: Any, ids: Sequence[int], *, device: str = "cpu",
