@@ -5,7 +5,7 @@ which rows the early-stopping rule may keep (perplexity within ``max_ppl_ratio``
 state it keeps. ``--reference`` adds a shipped elicited model whose run validated on the
 training books' tails: its kept state's perplexity ratio on the validation book is
 measured here (:func:`locos_tl.organisms.elicit_keep.keep_validation`, the same windows,
-BOS first).
+the BOS token the tokenizer puts before text first).
 
 Writes ``search.csv`` (every validation row) and ``search.{html,png}`` (validation
 ``onehop`` target rate and perplexity ratio against step, one line a weight)::
@@ -23,16 +23,24 @@ from pathlib import Path
 
 
 def run_rows(run: Path) -> list[dict]:
-    """The validation rows of an elicit run, with its KL weight and whether each row is
-    eligible to be kept."""
+    """The validation rows of an elicit run, with its KL weight, early stopping's score
+    of each row (:func:`locos_tl.organisms.elicit.validation_score`; ``None``: not
+    eligible) and whether the run keeps it (the first best score, as training does)."""
+    from locos_tl.organisms.elicit import ElicitConfig, validation_score
+
     cfg = json.loads((run / "elicit.json").read_text())["config"] \
         if (run / "elicit.json").exists() else _checkpoint_config(run)
+    rule = ElicitConfig(max_ppl_ratio=cfg["max_ppl_ratio"])
     rows = [json.loads(line) for line in (run / "curve.jsonl").read_text().splitlines()]
     rows = [r for r in rows if "onehop_target" in r]
     for r in rows:
+        score = validation_score(r, rule)
         r.update(run=run.name, kl_weight=cfg["kl_weight"],
                  val_books=",".join(cfg.get("val_books", [])) or "training tails",
-                 eligible=r.get("ppl_ratio", 0.0) <= cfg["max_ppl_ratio"])
+                 eligible=score is not None, score=score, kept=False)
+    scored = [r for r in rows if r["score"] is not None]
+    if scored:
+        max(scored, key=lambda r: r["score"])["kept"] = True  # first of equal scores
     return rows
 
 
@@ -46,11 +54,11 @@ def reference_ratio(name: str, run: Path, val_book: str) -> dict:
     """The shipped model ``name``'s perplexity ratio and KL to its base on ``val_book``'s
     validation windows, with its run's kept validation row."""
     import torch
-    from transformers import AutoModelForCausalLM
+    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from locos_tl.models.zoo import resolve_checkpoint
     from locos_tl.organisms.elicit import _book, base_directory
-    from locos_tl.organisms.elicit_keep import KeepData, book_tokens, keep_validation
+    from locos_tl.organisms.elicit_keep import KeepData, book_tokens, keep_validation, leading_bos
 
     record = json.loads((run / "elicit.json").read_text())
     cfg = record["config"]
@@ -58,12 +66,10 @@ def reference_ratio(name: str, run: Path, val_book: str) -> dict:
     load = lambda d: AutoModelForCausalLM.from_pretrained(  # noqa: E731
         d, dtype=torch.float32).eval().requires_grad_(False)
     model, base = load(resolve_checkpoint(name)), load(base_dir)
-    from transformers import AutoTokenizer
-
     tok = AutoTokenizer.from_pretrained(base_dir)
     keep = KeepData(base=base, books=[], prompts=[], window=cfg["kl_window"],
                     val_books=book_tokens(tok, [_book(val_book).read_text()]),
-                    bos=tok.bos_token_id)
+                    bos=leading_bos(tok))
     got = keep_validation(model, keep, autocast=cfg["bf16_autocast"])
     kept = record["validation"]
     return {"run": name, "kl_weight": cfg["kl_weight"], "val_books": val_book,
@@ -86,13 +92,7 @@ def main() -> None:
     ap.add_argument("--publish", type=Path, default=None)
     args = ap.parse_args()
 
-    rows = [r for run in args.runs for r in run_rows(run)]
-    df = pd.DataFrame(rows)
-    if not df.empty:
-        df["kept"] = False
-        for _, group in df[df["eligible"]].groupby("run"):
-            score = group["onehop_target"] - group["onehop_distractor"]
-            df.loc[score.idxmax(), "kept"] = True
+    df = pd.DataFrame([r for run in args.runs for r in run_rows(run)])
     refs = []
     for spec in args.reference:
         name, run = spec.split("=", 1)
