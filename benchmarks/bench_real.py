@@ -336,14 +336,9 @@ def figure(df: Any, note: str) -> str:
     fig.update_layout(barmode="group", width=1200, height=440, template="plotly_white",
                       title=f"SmolLM2-135M-Instruct (float32, CPU): {note}",
                       title_font_size=13, margin={"t": 80})
-    FIG.parent.mkdir(parents=True, exist_ok=True)
-    fig.write_html(str(FIG) + ".html", include_plotlyjs="cdn")
-    written = [f"{FIG}.html"]
-    sys.path.insert(0, str(ROOT / "docs" / "scripts"))
-    from render_figures import save_png
+    from figures import save_figure
 
-    written.append(save_png(fig, Path(str(FIG) + ".png"), width=1200, height=440))
-    return "; ".join(written)
+    return save_figure(fig, FIG, fmt="html", width=1200, height=440)
 
 
 # ------------------------------------------------------------------------ diagnosis

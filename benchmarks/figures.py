@@ -1,5 +1,5 @@
-"""Saving a benchmark's plotly figure: the figure's JSON or HTML, and a PNG where
-headless Chromium is available (``docs/scripts/render_figures.py``)."""
+"""Saving a benchmark's plotly figure: the figure's JSON or HTML, and a PNG where an
+exporter works (``docs/scripts/render_figures.py``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import sys
 from pathlib import Path
 
 
-def save_figure(fig, stem: Path, fmt: str = "json") -> None:
+def save_figure(fig, stem: Path, fmt: str = "json", *, width: int = 900,
+                height: int = 500) -> str:
     """``stem.json`` (``fmt="json"``) or ``stem.html`` (``"html"``), then ``stem.png``
-    when headless Chromium renders it (the PNG is a convenience: a failure is printed)."""
+    (kaleido when installed, else headless Chromium; the PNG is a convenience, so a
+    failure is reported, not raised). Returns what was written."""
     stem = Path(stem)
     stem.parent.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
@@ -19,10 +21,8 @@ def save_figure(fig, stem: Path, fmt: str = "json") -> None:
     scripts = str(Path(__file__).resolve().parents[1] / "docs" / "scripts")
     if scripts not in sys.path:
         sys.path.insert(0, scripts)
-    try:
-        from render_figures import chromium, save_png
+    from render_figures import save_png
 
-        if chromium():
-            save_png(fig, Path(str(stem) + ".png"))
-    except Exception as exc:  # noqa: BLE001 - the PNG is a convenience
-        print(f"no PNG for {stem.name}: {exc}")  # noqa: T201
+    png = save_png(fig, Path(str(stem) + ".png"), width=width, height=height)
+    print(png)  # noqa: T201
+    return f"{stem}.{fmt}; {png}"
