@@ -65,12 +65,13 @@ def main() -> None:
     model = lt.load_model(run_args["model"], device="cpu")
     more_ks = [int(k) for k in args.more_ks.split(",") if k]
     more = {m: rankings[m] for m in args.more_methods.split(",")} if more_ks else {}
+    seeds = [int(s) for s in args.seeds.split(",")]
 
-    def sweep(rankings, ks):
+    def sweep(heads: dict, at: list[int]) -> pd.DataFrame:
+        """Every ranking of ``heads`` at each k of ``at``, with the controls."""
         return lt.ablation_sweep(
-            model, trials, rankings, k=ks, mode="query_mean",
-            means=means, seeds=[int(s) for s in args.seeds.split(",")], random=True,
-            bottom="locos", out_dir=out / "ablate", ci=0.95,
+            model, trials, heads, k=at, mode="query_mean", means=means, seeds=seeds,
+            random=True, bottom="locos", out_dir=out / "ablate", ci=0.95,
             max_new_tokens=int(run_args.get("eval_max_new_tokens", 16)))
 
     t0 = time.perf_counter()
