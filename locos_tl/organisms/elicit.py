@@ -398,9 +398,9 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
         The adapter directory.
 
     Raises:
-        ModelLoadError: the base cannot be found; DataFormatError: the needle set or a
-        haystack cannot be read or is too small; LocosError: ``out`` holds a run with
-        another configuration.
+        ModelLoadError: the base cannot be found.
+        DataFormatError: the needle set or a haystack cannot be read or is too small.
+        LocosError: ``out`` holds a run with another configuration.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
