@@ -121,3 +121,15 @@ def test_help_keeps_every_option_and_default_at_80_columns():
                 shown = str(p.default)
             shown = re.escape(re.sub(r"\s+", "", shown))
             assert re.search(rf"\[default:{shown}[;\]]", squeezed), (path, p.name, shown)
+
+
+def test_needle_set_help_names_every_shipped_set():
+    from locos_tl.cli import app
+    from locos_tl.data.nolima import shipped_needle_sets
+
+    res = CliRunner().invoke(app, ["build-trials", "nolima", "--help"], env={"COLUMNS": "80"})
+    assert res.exit_code == 0, res.output
+    squeezed = re.sub(r"[\s│|]+", " ", res.output)
+    assert len(shipped_needle_sets()) >= 5
+    for name in shipped_needle_sets():
+        assert re.search(rf"\b{name}\b", squeezed), name

@@ -76,9 +76,10 @@ def fetch_model(
             path = prepare_gguf(name, log=say, repair=True)
         else:
             entry = get_entry(name)
-            weights = getattr(entry, "quantization", None) or f"{entry.base} + LoRA"
+            quant = getattr(entry, "quantization", None)
+            weights = f"{quant} weights" if quant else f"{entry.base} + LoRA on the MLPs"
             typer.echo(f"{entry.name}: {entry.architecture}, {entry.shape}, {entry.params} "
-                       f"params, {weights} weights; licence: {entry.licence}")
+                       f"params, {weights}; licence: {entry.licence}")
             path = fetch(name, log=say, packages=packages)
     except LocosError as exc:
         fail(exc)

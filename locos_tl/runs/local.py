@@ -81,7 +81,8 @@ def run_trials_local(
         detectors: the detectors sharing the decode pass.
         on_record: called with ``(index in trials, record)`` as each record is made
             (append it to the run directory there).
-        progress: a tqdm bar over trials.
+        progress: a tqdm bar over trials, with the count of trials accepted so far (the
+            answer-step rule: gate passed and an answer step found).
         chunk: trials handed to :func:`run_chunk` at once (``>= 1``); with
             ``batch_size > 1`` at least ``batch_size`` (a chunk's trials are grouped by
             prompt length into batches).
@@ -96,11 +97,16 @@ def run_trials_local(
         chunk = max(chunk, batch_size)
     out: list[dict[str, Any]] = []
     bar = tqdm(total=len(trials), desc="scoring trials", unit="trial", disable=not progress)
+    accepted = 0
     try:
         for start in range(0, len(trials), max(1, chunk)):
             part = trials[start : start + max(1, chunk)]
 
             def rec_cb(i: int, rec: dict[str, Any], start: int = start) -> None:
+                nonlocal accepted
+                accepted += bool(rec.get("accepted"))
+                # the answer-step rule's count (LOCOS); each method's own is in its meta
+                bar.set_postfix(accepted=f"{accepted}/{bar.n + 1}", refresh=False)
                 bar.update(1)
                 if on_record is not None:
                     on_record(start + i, rec)
