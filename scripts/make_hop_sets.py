@@ -1,13 +1,16 @@
-"""Write the ``hop_train``, ``hop_detect`` and ``hop_eval`` needle sets (deterministic).
+"""Write the ``hop_train``, ``hop_detect``, ``hop_eval`` and ``hop_val`` needle sets
+(deterministic).
 
-The three sets teach, rank and test the non-literal "onehop" hop (a needle names a cue,
-the question names what the cue links to: ``Paris`` -> ``France``). They are fixed here,
-before any training, and never tuned on:
+The sets teach, rank, test and validate the non-literal "onehop" hop (a needle names a
+cue, the question names what the cue links to: ``Paris`` -> ``France``). They are fixed
+here, before any training, and never tuned on:
 
 * ``hop_train``: the elicitation's training set (11 link kinds);
 * ``hop_detect``: where head rankings are computed (4 of the training kinds, with other
   cues, targets, needle templates, questions and names);
-* ``hop_eval``: ablations and targets (8 link kinds absent from training altogether).
+* ``hop_eval``: ablations and targets (8 link kinds absent from training altogether);
+* ``hop_val``: validation across link kinds (4 kinds absent from every other set, with
+  cues, targets and names of their own): early stopping and recipe choices.
 
 Every test's input_args are ``[cue, target]``: the needle names ``{1}`` (the cue), the
 ``direct`` question repeats the needle's words, the ``onehop`` question names ``{2}``
@@ -395,11 +398,73 @@ EVAL = {
         6),
 }
 
+# validation (early stopping and recipe choices across link kinds): kinds absent from
+# every other set, with cues, targets and names of its own
+VAL_NAMES = """Casimir Annelise Joaquim Iolanda Kwabena Efua Pranav Ishani Faisal Nasrin
+Haneul Xiulan Devika Ama Chinedu Halima Yevgenia Stanislav Tomohiro Mitsuki Estevan Graciela
+Anders Solveig Thandiwe Keoni""".split()
+
+VAL = {
+    "animal_sound": (
+        [("{CHAR} was woken at dawn by {1} outside the window.",
+          "Which character was woken at dawn by {1} outside the window?"),
+         ("All afternoon {CHAR} listened to {1} from the garden.",
+          "Which character listened to {1} from the garden all afternoon?"),
+         ("The {1} next door kept {CHAR} awake.",
+          "Which character was kept awake by the {1} next door?")],
+        ["Which character lives close to {2}?", "Which character has {2} nearby?",
+         "Which character is often around {2}?"],
+        [("barking", "dogs"), ("meowing", "cats"), ("mooing", "cows"),
+         ("neighing", "horses"), ("bleating", "sheep"), ("croaking", "frogs"),
+         ("braying", "donkeys"), ("howling", "wolves"), ("quacking", "ducks")],
+        6),
+    "shape_sides": (
+        [("{CHAR} cut {1} out of blue card.", "Which character cut {1} out of blue card?"),
+         ("On the whiteboard {CHAR} drew {1} in thick marker.",
+          "Which character drew {1} in thick marker on the whiteboard?"),
+         ("The kite that {CHAR} built looked like {1}.",
+          "Which character built the kite that looked like {1}?")],
+        ["Which character made a shape with {2} sides?",
+         "Which character worked on a figure with {2} corners?",
+         "Which character produced something that has {2} edges?"],
+        [("a triangle", "three"), ("a square", "four"), ("a pentagon", "five"),
+         ("a hexagon", "six"), ("an octagon", "eight"), ("a rectangle", "four"),
+         ("a rhombus", "four")],
+        6),
+    "god_mythology": (
+        [("{CHAR} wrote a long essay about {1}.",
+          "Which character wrote a long essay about {1}?"),
+         ("A small statue of {1} stands on the desk of {CHAR}.",
+          "Which character has a small statue of {1} standing on the desk?"),
+         ("{CHAR} dressed up as {1} for the costume party.",
+          "Which character dressed up as {1} for the costume party?")],
+        ["Which character is interested in {2} mythology?",
+         "Which character reads about the {2} gods?",
+         "Which character knows old {2} legends?"],
+        [("Zeus", "Greek"), ("Athena", "Greek"), ("Apollo", "Greek"), ("Thor", "Norse"),
+         ("Odin", "Norse"), ("Loki", "Norse"), ("Anubis", "Egyptian"),
+         ("Osiris", "Egyptian"), ("Ra", "Egyptian")],
+        6),
+    "clothing_body": (
+        [("{CHAR} knitted {1} during the holidays.",
+          "Which character knitted {1} during the holidays?"),
+         ("{CHAR} lost {1} on the bus home.", "Which character lost {1} on the bus home?"),
+         ("A stall at the market sold {CHAR} {1} for a few coins.",
+          "Which character bought {1} for a few coins at a stall at the market?")],
+        ["Which character has something to wear on the {2}?",
+         "Which character owns an item meant for the {2}?",
+         "Which character keeps the {2} covered or decorated?"],
+        [("a scarf", "neck"), ("a pair of gloves", "hands"), ("a woolly hat", "head"),
+         ("a pair of boots", "feet"), ("a bracelet", "wrist"), ("a belt", "waist"),
+         ("a ring", "finger"), ("a pair of slippers", "feet")],
+        6),
+}
+
 #: set -> (kinds, names, first id): ids are 4 digits (NoLiMa's format), one thousand per
 #: set, so no id is shared with another set or with everyday (0001-0024) and
 #: everyday_train (0001-0060)
 SETS = {"hop_train": (TRAIN, TRAIN_NAMES, 1001), "hop_detect": (DETECT, DETECT_NAMES, 2001),
-        "hop_eval": (EVAL, EVAL_NAMES, 3001)}
+        "hop_eval": (EVAL, EVAL_NAMES, 3001), "hop_val": (VAL, VAL_NAMES, 4001)}
 
 _BAD_ARTICLE = re.compile(r"\b(a [aeiouAEIOU]|an [^aeiouAEIOU\s])")
 

@@ -7,6 +7,7 @@ KL term on."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 
 import pytest
@@ -131,6 +132,30 @@ def test_validation_entries_spread_over_kinds():
     assert len({e.reasoning_type for e in last_val}) == 1  # why "kind" is the default
     with pytest.raises(DataFormatError, match="'last' or 'kind'"):
         split_entries(entries, 11, by="random")
+
+
+def test_validation_set_of_new_kinds_replaces_the_held_out_entries(tmp_path):
+    from locos_tl.organisms.elicit_data import run_entries
+
+    held_train, held_val = run_entries("hop_train", 11)
+    train, val = run_entries("hop_train", 11, val_needle_set="hop_val")
+    assert [e.id for e in train] == [e.id for e in held_train]  # training unchanged
+    assert [e.id for e in val] == sorted(e.id for e in load_needle_set("hop_val"))
+    assert len(val) == 24 and len({e.reasoning_type for e in val}) == 4
+    assert not {e.reasoning_type for e in val} & {e.reasoning_type for e in train}
+    assert {e.id for e in held_val} != {e.id for e in val}
+    # a validation set of training kinds is refused, naming the kinds
+    with pytest.raises(DataFormatError, match="shares link kinds .*city_country"):
+        run_entries("hop_train", 11, val_needle_set="hop_detect")
+
+
+def test_a_checkpoint_from_before_a_new_field_still_resumes():
+    cfg = el.ElicitConfig(kl_weight=3.0, val_books=("mohicans_part2",))
+    saved = cfg.to_dict()
+    old = {k: v for k, v in saved.items() if k != "val_needle_set"}  # predates the field
+    assert el.same_config(saved, cfg) and el.same_config(old, cfg)
+    assert not el.same_config(old, dataclasses.replace(cfg, val_needle_set="hop_val"))
+    assert not el.same_config({**old, "kl_weight": 1.0}, cfg)
 
 
 def test_full_mlp_training_keeps_attention_norms_embeddings(tiny_dirs, tmp_path):

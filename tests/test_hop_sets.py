@@ -1,8 +1,9 @@
-"""The shipped ``hop_train``, ``hop_detect`` and ``hop_eval`` needle sets (the onehop
-elicitation's training, detection and evaluation sets): sizes and link kinds, non-literal
-onehop questions, and the disjointness the three sets promise (among themselves and
-with ``everyday`` / ``everyday_train``). :func:`violations` states the rules once; the
-mutation tests show it catches a break of each."""
+"""The shipped ``hop_train``, ``hop_detect``, ``hop_eval`` and ``hop_val`` needle sets
+(the onehop elicitation's training, detection, evaluation and cross-kind validation
+sets): sizes and link kinds, non-literal onehop questions, and the disjointness the sets
+promise (among themselves and with ``everyday`` / ``everyday_train``).
+:func:`violations` states the rules once; the mutation tests show it catches a break of
+each."""
 
 from __future__ import annotations
 
@@ -18,9 +19,9 @@ from locos_tl.data import expand_needle_set, load_needle_set
 from locos_tl.data.needle_sets import content_words, lexical_overlaps, shared_content_words
 from locos_tl.data.nolima import NEEDLE_SETS_DIR, NoLiMaEntry, shipped_needle_sets
 
-HOP = ("hop_train", "hop_detect", "hop_eval")
+HOP = ("hop_train", "hop_detect", "hop_eval", "hop_val")
 OLD = ("everyday", "everyday_train")
-MIN_ENTRIES = {"hop_train": 150, "hop_detect": 40, "hop_eval": 40}
+MIN_ENTRIES = {"hop_train": 150, "hop_detect": 40, "hop_eval": 40, "hop_val": 20}
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -48,7 +49,7 @@ def _slot_values(entries) -> set[str]:
 def violations(sets: dict[str, list[NoLiMaEntry]]) -> list[str]:
     """Every broken rule of the hop sets, as short messages (``[]``: all hold)."""
     bad: list[str] = []
-    train, detect, ev = (sets[n] for n in HOP)
+    train, detect, ev, val = (sets[n] for n in HOP)
     # -- sizes and kinds
     for name, n in MIN_ENTRIES.items():
         if len(sets[name]) < n:
@@ -110,6 +111,14 @@ def violations(sets: dict[str, list[NoLiMaEntry]]) -> list[str]:
     # evaluation: link kinds absent from training altogether
     if shared := set(_kinds(train)) & set(_kinds(ev)):
         bad.append(f"hop_eval: link kinds from training {sorted(shared)}")
+    # validation across kinds: kinds, cues and targets of no other set
+    others = [train, detect, ev]
+    if len(_kinds(val)) < 4:
+        bad.append(f"hop_val: {len(_kinds(val))} link kinds < 4")
+    if shared := set(_kinds(val)) & {k for s in others for k in _kinds(s)}:
+        bad.append(f"hop_val: link kinds from another set {sorted(shared)}")
+    if shared := _slot_values(val) & {v for s in others for v in _slot_values(s)}:
+        bad.append(f"hop_val: slot values from another set {sorted(shared)[:3]}")
     return bad
 
 
@@ -126,7 +135,8 @@ def test_hop_sets_keep_every_rule(sets):
 
 
 def test_sizes_and_kinds(sets):
-    train, detect, ev = (sets[n] for n in HOP)
+    train, detect, ev, val = (sets[n] for n in HOP)
+    assert len(val) >= 20 and len(_kinds(val)) >= 4
     assert len(train) >= 150 and len(detect) >= 40 and len(ev) >= 40
     kt, kd, ke = (_kinds(s) for s in (train, detect, ev))
     assert len(kt) >= 10 and set(kd) <= set(kt) and not set(ke) & set(kt)
@@ -176,8 +186,8 @@ def _swap(entries, i, **changes):
 
 
 def _mutations(sets):
-    train, detect, ev = (sets[n] for n in HOP)
-    t0, d0, e0 = train[0], detect[0], ev[0]
+    train, detect, ev, val = (sets[n] for n in HOP)
+    t0, d0, e0, v0 = train[0], detect[0], ev[0], val[0]
     test0 = next(iter(t0.tests.values()))
     literal = {**e0.questions, "onehop": e0.needle.replace("{CHAR}", "Which character")
                .rstrip(".") + "?"}
@@ -197,13 +207,22 @@ def _mutations(sets):
         "entries <": {"hop_eval": ev[:39]},
         "link kinds < 10": {"hop_train": [e for e in train
                                           if e.reasoning_type in list(_kinds(train))[:9]]},
+        "hop_val: link kinds from another set": {"hop_val": _swap(
+            val, 0, reasoning_type=e0.reasoning_type)},
+        "hop_val: slot values from another set": {"hop_val": _swap(val, 0, tests={
+            **v0.tests, "T01": dataclasses.replace(v0.tests["T01"],
+                                                   input_args=test0.input_args)})},
+        "link kinds < 4": {"hop_val": [e for e in val
+                                       if e.reasoning_type in list(_kinds(val))[:3]]},
     }
 
 
 @pytest.mark.parametrize("rule", [
     "onehop shares", "needle templates from training", "question templates from training",
     "slot values from training", "shared character names", "link kinds from training",
-    "shared entry ids", "shared filled needles", "entries <", "link kinds < 10"])
+    "shared entry ids", "shared filled needles", "entries <", "link kinds < 10",
+    "hop_val: link kinds from another set", "hop_val: slot values from another set",
+    "link kinds < 4"])
 def test_a_broken_rule_is_reported(sets, rule):
     mutated = {**sets, **_mutations(sets)[rule]}
     found = violations(mutated)

@@ -35,6 +35,9 @@ def elicit_command(
              "repeatable, as BOOK [default: the training books' last tenth]")] = None,
     needle_set: Annotated[str, typer.Option(
         help="training needle set (never the evaluation set)")] = "hop_train",
+    val_needle_set: Annotated[str | None, typer.Option(
+        help="needle set of link kinds never trained on that validates (hop_val) "
+             "[default: entries held out of the training set]")] = None,
     steps: Annotated[int, typer.Option(help="most optimizer steps, one trial each")] = 1200,
     lr: Annotated[float, typer.Option(help="peak learning rate")] = 2e-4,
     trainable: Annotated[str, typer.Option(
@@ -74,7 +77,8 @@ def elicit_command(
     if data_dir is not None:
         books, val_books = (tuple(str(data_dir / "haystack" / b) for b in bs)
                             for bs in (books, val_books))
-    cfg = ElicitConfig(base=base, needle_set=needle_set, haystacks=books, val_books=val_books,
+    cfg = ElicitConfig(base=base, needle_set=needle_set, val_needle_set=val_needle_set or "",
+                       haystacks=books, val_books=val_books,
                        steps=steps, lr=lr, trainable=trainable, kl_weight=kl_weight,
                        patience=patience, val_every=val_every, rank=rank, alpha=2 * rank,
                        template=template, seed=seed, text_bos=text_bos)

@@ -58,8 +58,9 @@ OutOpt = Annotated[Path, typer.Option(help="Output trials file (JSON lines).",
 def nolima(
     needle_set: Annotated[str, typer.Option(
         help="NoLiMa needle_set*.json file, or the name of a set shipped with locos_tl: "
-             "everyday, everyday_train, hop_train, hop_detect, hop_eval (self-written; "
-             "direct and onehop questions; what each is for: docs/elicited.md).")],
+             "everyday, everyday_train, hop_train, hop_detect, hop_eval, hop_val "
+             "(self-written; direct and onehop questions; what each is for: "
+             "docs/elicited.md).")],
     tokenizer: TokenizerOpt,
     out: OutOpt,
     haystack: HaystackOpt = None,

@@ -68,6 +68,9 @@ class ElicitConfig:
         distractors: distractor needles a trial (equal shares).
         question_types: NoLiMa question types (equal shares).
         n_validation: entries held out of training to validate on.
+        val_needle_set: a needle set of link kinds never trained on (``hop_val``) that
+            validates instead of the held-out entries
+            (:func:`~locos_tl.organisms.elicit_data.run_entries`); empty: those entries.
         validation_split: ``"kind"`` (entries spread over the link kinds) or ``"last"``
             (the last entries by id).
         val_trials, val_length, val_every: validation trials per question type, their
@@ -103,6 +106,7 @@ class ElicitConfig:
     distractors: tuple[int, ...] = (0, 1, 2, 3)
     question_types: tuple[str, ...] = ("onehop", "direct")
     n_validation: int = 11
+    val_needle_set: str = ""
     validation_split: str = "kind"
     val_trials: int = 24
     val_length: int = 1000
@@ -118,6 +122,12 @@ class ElicitConfig:
     def to_dict(self) -> dict[str, Any]:
         return {k: list(v) if isinstance(v, tuple) else v
                 for k, v in dataclasses.asdict(self).items()}
+
+
+def same_config(saved: dict[str, Any], cfg: ElicitConfig) -> bool:
+    """A recorded configuration is ``cfg``'s; a field it predates counts as its default
+    (a run started before the field existed resumes while the field keeps it)."""
+    return {**ElicitConfig().to_dict(), **saved} == cfg.to_dict()
 
 
 def lr_at(cfg: ElicitConfig, step: int) -> float:
@@ -304,7 +314,7 @@ def train_adapter(model: Any, tokenizer: Any, train: Sequence[Trial],
     start, stop = 0, {"best": None, "best_step": None, "since": 0, "row": {}}
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
-        if ckpt["config"] != cfg.to_dict():
+        if not same_config(ckpt["config"], cfg):
             raise LocosError(f"{ckpt_path} was trained with another configuration; use "
                              "another --out or the same options")
         load_trained_state(model, ckpt["adapter"], cfg)
@@ -407,7 +417,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     import locos_tl as lt
     from locos_tl.data.nolima import resolve_template
     from locos_tl.data.prompt import PromptBuilder
-    from locos_tl.organisms.elicit_data import split_entries, training_trials, validation_trials
+    from locos_tl.organisms.elicit_data import run_entries, training_trials, validation_trials
 
     out = Path(out)
     torch.manual_seed(cfg.seed)
@@ -416,8 +426,9 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     cfg = dataclasses.replace(cfg, template=resolve_template(cfg.template, tok))
     books = [_book(h) for h in cfg.haystacks]
     hay = lt.load_haystacks(books)
-    train_entries, val_entries = split_entries(lt.load_needle_set(cfg.needle_set),
-                                               cfg.n_validation, by=cfg.validation_split)
+    train_entries, val_entries = run_entries(cfg.needle_set, cfg.n_validation,
+                                             by=cfg.validation_split,
+                                             val_needle_set=cfg.val_needle_set)
     builder = PromptBuilder(tok)
     log(f"building {cfg.steps} training trials from {len(train_entries)} entries")
     train = training_trials(tok, train_entries, hay, steps=cfg.steps, lengths=cfg.lengths,

@@ -56,6 +56,31 @@ def split_entries(entries: Sequence[NoLiMaEntry], n_validation: int, *, by: str 
     return [e for e in ordered if e.id not in ids], sorted(held, key=lambda e: e.id)
 
 
+def run_entries(needle_set: str, n_validation: int, *, by: str = "kind",
+                val_needle_set: str = "") -> tuple[list[NoLiMaEntry], list[NoLiMaEntry]]:
+    """``(training, validation)`` entries of a run: :func:`split_entries` of
+    ``needle_set``. With ``val_needle_set`` (e.g. ``hop_val``) the validation entries are
+    that set's instead: link kinds never trained on, so early stopping rewards a hop that
+    carries over to new links rather than the training kinds. The training entries stay
+    the same either way (the held-out ones then validate nothing).
+
+    Raises:
+        DataFormatError: as :func:`split_entries`; a validation set that shares a link
+            kind or an entry id with the training entries.
+    """
+    from locos_tl.data.nolima import load_needle_set
+
+    train, val = split_entries(load_needle_set(needle_set), n_validation, by=by)
+    if not val_needle_set:
+        return train, val
+    val = sorted(load_needle_set(val_needle_set), key=lambda e: e.id)
+    for what, key in (("link kinds", lambda e: e.reasoning_type), ("entry ids", lambda e: e.id)):
+        if shared := {key(e) for e in val} & {key(e) for e in train}:
+            raise DataFormatError(f"validation set {val_needle_set!r} shares {what} with "
+                                  f"the training set {needle_set!r}: {sorted(shared)[:5]}")
+    return train, val
+
+
 def training_trials(tokenizer: Any, entries: Sequence[NoLiMaEntry],
                     haystacks: Sequence[Haystack], *, steps: int,
                     lengths: Sequence[int], distractors: Sequence[int],

@@ -24,6 +24,10 @@ The sets and what each is for:
   nor with ``everyday`` / ``everyday_train`` (``tests/test_hop_sets.py``).
   ``locos reproduce --detect-needle-set hop_detect --eval-needle-set hop_eval`` uses
   the last two.
+* ``hop_val`` (24 entries, 4 kinds absent from the other sets, with cues, targets and
+  names of its own): validation across link kinds, for early stopping and recipe
+  choices (``locos elicit --val-needle-set hop_val``), so that neither ever reads an
+  evaluation entry.
 
 :func:`shared_content_words` is the check that makes "non-literal" testable: after the
 slots are filled, a question is non-literal when it shares no content word with its
