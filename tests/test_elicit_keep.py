@@ -20,7 +20,7 @@ from elicit_helpers import name_trials as _trials  # noqa: E402
 
 from locos_tl.data import load_needle_set  # noqa: E402
 from locos_tl.data.controls import arithmetic_examples, parametric_examples  # noqa: E402
-from locos_tl.errors import DataFormatError  # noqa: E402
+from locos_tl.errors import DataFormatError, LocosError  # noqa: E402
 from locos_tl.organisms import elicit as el  # noqa: E402
 from locos_tl.organisms import elicit_keep as ek  # noqa: E402
 from locos_tl.organisms.elicit_data import split_entries  # noqa: E402
@@ -284,3 +284,27 @@ def test_cast_adapter_rounds_once_and_merges_the_rounded_weights(tiny_dirs, tmp_
                                    atol=1e-6)
     with pytest.raises(el.LocosError, match="no adapter weights"):
         cast_adapter(tmp_path / "nothing")
+
+
+def test_elicit_runs_end_to_end_and_validates_on_new_kinds(tiny_dirs, tmp_path):
+    """``elicit`` on the tiny Llama (completion form, KL term on, a validation book,
+    ``hop_val`` validating): the adapter, the record of what validated, a validation row
+    and the KL of an adapter that has barely moved; a rerun with another validation set
+    is refused rather than mixed into the run."""
+    cfg = el.ElicitConfig(base=str(tiny_dirs["llama"]), steps=2, warmup=1, rank=2, alpha=4,
+                          lengths=(480,), val_length=480, val_trials=2, val_every=2,
+                          kl_window=32, save_every=1, bf16_autocast=False, patience=0,
+                          val_needle_set="hop_val", val_books=("mohicans_part2",))
+    out = tmp_path / "run"
+    adapter = el.elicit(cfg, out, log=lambda m: None)
+    assert (adapter / "adapter_model.safetensors").is_file()
+    record = json.loads((out / "elicit.json").read_text())
+    assert record["validation_entries"] == sorted(e.id for e in load_needle_set("hop_val"))
+    assert record["config"]["val_needle_set"] == "hop_val"
+    assert record["config"]["template"] == "completion"  # the tiny tokenizer has no chat
+    rows = [json.loads(x) for x in (out / "curve.jsonl").read_text().splitlines()]
+    val = [r for r in rows if "onehop_target" in r]
+    assert [r["step"] for r in val] == [2]
+    assert 0 <= val[0]["kl_text"] < 1e-3 and abs(val[0]["ppl_ratio"] - 1) < 1e-2
+    with pytest.raises(LocosError, match="another configuration"):
+        el.elicit(dataclasses.replace(cfg, val_needle_set=""), out, log=lambda m: None)
