@@ -30,7 +30,7 @@ def main() -> None:
     import locos_tl as lt
     from locos_tl.data.nolima import resolve_template
     from locos_tl.models.zoo import resolve_checkpoint
-    from locos_tl.organisms.elicit import ElicitConfig, _book, validate
+    from locos_tl.organisms.elicit import ElicitConfig, book_file, validate
     from locos_tl.organisms.elicit_data import validation_trials
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -48,7 +48,7 @@ def main() -> None:
     from elicited_targets import _checkpoint
 
     entries = lt.load_needle_set(args.val_needle_set)
-    hay = lt.load_haystacks([_book(b) for b in args.books.split(",")])
+    hay = lt.load_haystacks([book_file(b) for b in args.books.split(",")])
     cfg = ElicitConfig(seed=args.seed)
     done = pd.read_csv(args.out) if args.out.exists() else pd.DataFrame(columns=["model"])
     rows = done.to_dict("records")

@@ -57,7 +57,7 @@ def reference_ratio(name: str, run: Path, val_book: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from locos_tl.models.zoo import resolve_checkpoint
-    from locos_tl.organisms.elicit import _book, base_directory
+    from locos_tl.organisms.elicit import base_directory, book_file
     from locos_tl.organisms.elicit_keep import KeepData, book_tokens, keep_validation, leading_bos
 
     record = json.loads((run / "elicit.json").read_text())
@@ -68,7 +68,7 @@ def reference_ratio(name: str, run: Path, val_book: str) -> dict:
     model, base = load(resolve_checkpoint(name)), load(base_dir)
     tok = AutoTokenizer.from_pretrained(base_dir)
     keep = KeepData(base=base, books=[], prompts=[], window=cfg["kl_window"],
-                    val_books=book_tokens(tok, [_book(val_book).read_text()]),
+                    val_books=book_tokens(tok, [book_file(val_book).read_text()]),
                     bos=leading_bos(tok))
     got = keep_validation(model, keep, autocast=cfg["bf16_autocast"])
     kept = record["validation"]

@@ -424,7 +424,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     base_dir = base_directory(cfg.base)
     tok = AutoTokenizer.from_pretrained(base_dir)
     cfg = dataclasses.replace(cfg, template=resolve_template(cfg.template, tok))
-    books = [_book(h) for h in cfg.haystacks]
+    books = [book_file(h) for h in cfg.haystacks]
     hay = lt.load_haystacks(books)
     train_entries, val_entries = run_entries(cfg.needle_set, cfg.n_validation,
                                              by=cfg.validation_split,
@@ -440,7 +440,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
     keep = None
     if cfg.kl_weight > 0:
-        keep = keep_data(tok, base_dir, books, [_book(b) for b in cfg.val_books], cfg,
+        keep = keep_data(tok, base_dir, books, [book_file(b) for b in cfg.val_books], cfg,
                          out, key=_sha(base_dir / "model.safetensors"), device=device,
                          log=log)
     model = prepare_trainable(model, cfg)
@@ -465,7 +465,7 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
     return adapter
 
 
-def _book(name_or_path: str) -> Path:
+def book_file(name_or_path: str) -> Path:
     """A shipped book by name (``dracula_part1``; ``everyday_prose``), else a path."""
     from locos_tl.data.haystack import PROSE_HAYSTACK
     from locos_tl.data.packaged import book_names, book_path
