@@ -1,8 +1,8 @@
 """What the greedy answers of ``benchmarks/elicited_targets.py`` name: the target, a
 distractor, or neither needle's character, per link kind. Read from that run's stored
 responses (nothing is generated); the trials are rebuilt with the model's tokenizer, as
-the run built them. "Names" is ``contains`` (:func:`locos_tl.experiments.task_metrics.
-nolima_contains`), the rule of the published rates.
+the run built them. "Names" is the published rates' rule: ``contains`` and
+``contains_distractor`` of :func:`locos_tl.experiments.task_metrics.score_nolima`.
 
 Prints the table and the most frequent answers that name neither; writes
 ``answers.csv`` (one row per trial) and ``breakdown.csv`` (per cell and link kind)::
@@ -26,7 +26,7 @@ def main() -> None:
     import locos_tl as lt
     from locos_tl.data.packaged import resolve_data_dir
     from locos_tl.experiments.elicit_targets import cell_trials
-    from locos_tl.experiments.task_metrics import nolima_contains
+    from locos_tl.experiments.task_metrics import score_nolima
     from locos_tl.models.zoo import resolve_checkpoint
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -50,20 +50,20 @@ def main() -> None:
         question, length, k, n = cell.split(":")
         trials = cell_trials(tok, entries, hay, question=question, length=int(length),
                              distractors=int(k), n=int(n))
-        answers: dict[str, str] = {}
+        answers: dict[str, tuple[str, dict[str, float]]] = {}
 
         def keep(response: str, trial, answers=answers) -> dict[str, float]:
-            answers[trial.trial_id] = response
-            return {"seen": 1.0}
+            answers[trial.trial_id] = (response, score := score_nolima(response, trial))
+            return score
 
         sub = args.run / args.model / f"{question}_{length}_d{k}"
         lt.load_evaluation(sub, trials, scorer=keep)
         if len(answers) != len(trials):
             raise SystemExit(f"{sub} holds {len(answers)} of the {len(trials)} answers")
         for t in trials:
-            r = answers[t.trial_id]
-            target = nolima_contains(r, t.meta["gold_answers"]) == 1.0
-            rival = nolima_contains(r, t.meta.get("distractor_names") or []) == 1.0
+            r, score = answers[t.trial_id]
+            target = score["contains"] == 1.0
+            rival = score.get("contains_distractor") == 1.0
             rows.append({"question": question, "length": int(length), "distractors": int(k),
                          "kind": t.meta["reasoning_type"], "entry_id": t.meta["entry_id"],
                          "names": "target" if target else "distractor" if rival else "neither",

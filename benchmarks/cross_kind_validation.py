@@ -45,7 +45,7 @@ def main() -> None:
     ap.add_argument("--publish", type=Path, default=None, help="copy the CSV here")
     args = ap.parse_args()
 
-    from elicited_targets import _checkpoint
+    from elicited_targets import checkpoint_dir
 
     entries = lt.load_needle_set(args.val_needle_set)
     hay = lt.load_haystacks([book_file(b) for b in args.books.split(",")])
@@ -57,7 +57,7 @@ def main() -> None:
         if label in set(done["model"]):
             continue
         t0 = time.perf_counter()
-        path = _checkpoint(name)
+        path = checkpoint_dir(name)
         path = resolve_checkpoint(path) or path
         tok = AutoTokenizer.from_pretrained(path)
         model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()

@@ -61,7 +61,7 @@ def main() -> None:
     frames = []
     for name in args.models.split(","):
         t0 = time.perf_counter()
-        model = lt.load_model(_checkpoint(name), device="cpu")
+        model = lt.load_model(checkpoint_dir(name), device="cpu")
         out = Path(args.out) / Path(name).name
         df = targets_table(model, entries, hay, n=n, out_dir=out)
         tok, n_ctx = model.tokenizer, int(model.cfg.n_ctx)
@@ -104,7 +104,7 @@ def main() -> None:
     print(table.to_string(index=False, float_format=lambda x: f"{x:.3f}"))  # noqa: T201
 
 
-def _checkpoint(name: str) -> str:
+def checkpoint_dir(name: str) -> str:
     """A registry name as is; an elicit run directory merged into ``RUN/merged``."""
     run = Path(name)
     if not (run / "adapter" / "adapter_config.json").is_file():
