@@ -160,7 +160,8 @@ def test_published_records_carry_identities_not_paths():
 
     want = {"smollm2": "smollm2-135m-instruct", "smollm2-literal": "smollm2-135m-instruct",
             "gemma3": "gemma-3-270m", "smollm2-nolima": "smollm2-135m-nolima-v1",
-            "smollm2-hop": "smollm2-135m-nolima", "gemma3-hop": "gemma3-270m-nolima"}
+            "smollm2-hop": "smollm2-135m-nolima", "gemma3-hop": "gemma3-270m-nolima-v1",
+            "gemma3-hop-v2": "gemma3-270m-nolima"}
     files = [*_published("**/meta.json"), *_published("**/head_scores.json"),
              *_published("**/summary.json"), *_published("**/args.json")]
     assert len(files) > 40

@@ -196,8 +196,15 @@ ELICITED_MODELS: dict[str, ElicitedModel] = {
         _elicited(
             "gemma3-270m-nolima", "gemma-3-270m",
             "Gemma-3-270m (base, completion prompts) with its MLPs fine-tuned (LoRA, rank "
-            "32) by the recipe of smollm2-135m-nolima; attention, norms and embeddings are "
-            "the base model's, bit for bit.",
+            "32) by the recipe of smollm2-135m-nolima, its KL term on book windows that "
+            "start with <bos>, KL weight KLW (scripts/elicit_hop_gemma.sh); attention, norms "
+            "and embeddings are the base model's, bit for bit.",
+        ),
+        _elicited(
+            "gemma3-270m-nolima-v1", "gemma-3-270m",
+            "The first Gemma recipe, superseded by gemma3-270m-nolima: book windows without "
+            "<bos> (perplexity +11 %); attention, norms and embeddings are the base "
+            "model's, bit for bit.",
         ),
     )
 }
