@@ -7,7 +7,7 @@ without BOS looks at a distribution the model never meets (the shipped adapters'
 12 evenly spaced windows a book, float32, Hugging Face forward. Prints and writes
 ``perplexity_bos.csv``::
 
-    python benchmarks/perplexity_bos.py --model gemma3-270m-nolima --base gemma-3-270m \\
+    python benchmarks/perplexity_bos.py --model gemma3-270m-nolima-v1 --base gemma-3-270m \\
         --out docs/real_models/gemma3-hop/perplexity_bos.csv
 """
 
@@ -28,7 +28,7 @@ def main() -> None:
     from locos_tl.organisms.elicit import base_directory
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--model", default="gemma3-270m-nolima")
+    ap.add_argument("--model", default="gemma3-270m-nolima-v1")
     ap.add_argument("--base", default="gemma-3-270m")
     ap.add_argument("--books", default="mohicans_part1,mohicans_part2,dracula_part1")
     ap.add_argument("--windows", type=int, default=12)
