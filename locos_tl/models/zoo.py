@@ -197,7 +197,7 @@ ELICITED_MODELS: dict[str, ElicitedModel] = {
             "gemma3-270m-nolima", "gemma-3-270m",
             "Gemma-3-270m (base, completion prompts) with its MLPs fine-tuned (LoRA, rank "
             "32) by the recipe of smollm2-135m-nolima, its KL term on book windows that "
-            "start with <bos>, KL weight KLW (scripts/elicit_hop_gemma.sh); attention, norms "
+            "start with <bos>, KL weight 0.3 (scripts/elicit_hop_gemma.sh); attention, norms "
             "and embeddings are the base model's, bit for bit.",
         ),
         _elicited(
