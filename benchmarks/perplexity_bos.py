@@ -1,8 +1,8 @@
 """Perplexity of an elicited model over its base's, on book windows with and without the
 BOS token first. Gemma reads every text after ``<bos>``; without it the base's
 perplexity is about 5 times higher, so a KL term or a validation measured on windows
-without BOS looks at a distribution the model never meets (the shipped adapters' recipe,
-``locos elicit --no-text-bos``).
+without BOS looks at a distribution the model never meets (the recipe of
+``gemma3-270m-nolima-v1``, ``locos elicit --no-text-bos``).
 
 12 evenly spaced windows a book, float32, Hugging Face forward. Prints and writes
 ``perplexity_bos.csv``::

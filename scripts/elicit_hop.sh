@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The hop elicitation: LoRA rank 32 on the MLPs, hop_train entries on Dracula and the
 # everyday prose, KL weight 1 to the frozen base, validation every 150 steps, early stop
-# after 3 checks without a better score, book windows without BOS (the recipe of the
-# shipped adapters; `locos elicit` now puts BOS first by default).
+# after 3 checks without a better score, book windows without BOS (the recipe of
+# smollm2-135m-nolima and gemma3-270m-nolima-v1; `locos elicit` now puts BOS first by
+# default, and gemma3-270m-nolima's recipe is scripts/elicit_hop_gemma.sh).
 # Resumable: rerun the same command.
 # Usage: scripts/elicit_hop.sh [OUT] [BASE]
 #   (defaults: runs/elicit/smollm2-hop, smollm2-135m-instruct)

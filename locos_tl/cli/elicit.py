@@ -53,7 +53,8 @@ def elicit_command(
              "prompts (0: off)")] = 1.0,
     text_bos: Annotated[bool, typer.Option(
         help="start the KL term's and validation's book windows with the BOS token "
-             "(--no-text-bos: the shipped adapters' recipe)")] = True,
+             "(--no-text-bos: the recipe of smollm2-135m-nolima and gemma3-270m-nolima-v1)")
+    ] = True,
     val_every: Annotated[int, typer.Option(
         help="steps between validations (and early-stopping checks)")] = 150,
     patience: Annotated[int, typer.Option(
