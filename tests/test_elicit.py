@@ -68,7 +68,8 @@ def test_training_resumes_to_the_same_adapter(tiny_dirs, tmp_path, monkeypatch):
     assert steps == [1, 2, 3, 4]
     other = cfg.__class__(**{**cfg.__dict__, "lr": 2e-2})
     model, tok = _hf(tiny_dirs)
-    with pytest.raises(LocosError, match="another configuration"):
+    changed = r"another configuration: lr \(recorded 0\.01, now 0\.02\)"
+    with pytest.raises(LocosError, match=changed):
         el.train_adapter(el.add_mlp_lora(model, other), tok, _trials(tok), {}, other,
                          tmp_path / "b")
 

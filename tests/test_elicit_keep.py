@@ -158,6 +158,16 @@ def test_a_checkpoint_from_before_a_new_field_still_resumes():
     assert not el.same_config({**old, "kl_weight": 1.0}, cfg)
 
 
+def test_a_checkpoint_from_before_text_bos_resumes_only_without_bos():
+    """A run recorded before ``text_bos`` trained without BOS windows: resumed with the
+    current default (BOS) it is refused, with ``text_bos=False`` it goes on."""
+    cfg = el.ElicitConfig(text_bos=False)
+    old = {k: v for k, v in cfg.to_dict().items() if k != "text_bos"}
+    assert el.same_config(old, cfg)
+    assert not el.same_config(old, el.ElicitConfig())
+    assert el.same_config(el.ElicitConfig().to_dict(), el.ElicitConfig())
+
+
 def test_full_mlp_training_keeps_attention_norms_embeddings(tiny_dirs, tmp_path):
     model, tok = _hf(tiny_dirs)
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from locos_tl.organisms.elicit import PREDATING
+
 REPO = Path(__file__).resolve().parents[1]
 ORGANISMS = REPO / "data" / "organisms"
 
-#: what a record written before a field existed trained with (the field's old behaviour)
-_BEFORE = {"text_bos": False, "val_books": [], "val_needle_set": ""}
 
 
 def _script_argv(script: str, **values: str) -> list[str]:
@@ -64,7 +64,7 @@ def test_recipe_script_rebuilds_the_shipped_config(script, values, shipped, monk
     for key, value in cfg.items():
         if key == "template":
             continue
-        want = record.get(key, _BEFORE.get(key, value))
+        want = record.get(key, PREDATING.get(key, value))
         assert value == want, (shipped, key, value, want)
     assert cfg["kl_weight"] == record["kl_weight"] and cfg["base"] == record["base"]
 

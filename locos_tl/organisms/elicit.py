@@ -124,10 +124,23 @@ class ElicitConfig:
                 for k, v in dataclasses.asdict(self).items()}
 
 
+#: what a run trained with before each later field existed: the field's old behaviour,
+#: which is not always its current default (book windows had no BOS before ``text_bos``)
+PREDATING: dict[str, Any] = {"val_books": [], "text_bos": False, "val_needle_set": ""}
+
+
 def same_config(saved: dict[str, Any], cfg: ElicitConfig) -> bool:
-    """A recorded configuration is ``cfg``'s; a field it predates counts as its default
-    (a run started before the field existed resumes while the field keeps it)."""
-    return {**ElicitConfig().to_dict(), **saved} == cfg.to_dict()
+    """A recorded configuration is ``cfg``'s. A field the record predates counts as the
+    behaviour it had before the field existed (:data:`PREDATING`), so a run started
+    before a field resumes only where ``cfg`` keeps that behaviour."""
+    return not config_changes(saved, cfg)
+
+
+def config_changes(saved: dict[str, Any], cfg: ElicitConfig) -> dict[str, tuple[Any, Any]]:
+    """The fields where ``cfg`` differs from a recorded configuration: ``{field:
+    (recorded, now)}``, a field the record predates read as :data:`PREDATING` says."""
+    recorded = {**ElicitConfig().to_dict(), **PREDATING, **saved}
+    return {k: (recorded.get(k), v) for k, v in cfg.to_dict().items() if recorded.get(k) != v}
 
 
 def lr_at(cfg: ElicitConfig, step: int) -> float:
@@ -314,9 +327,10 @@ def train_adapter(model: Any, tokenizer: Any, train: Sequence[Trial],
     start, stop = 0, {"best": None, "best_step": None, "since": 0, "row": {}}
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
-        if not same_config(ckpt["config"], cfg):
-            raise LocosError(f"{ckpt_path} was trained with another configuration; use "
-                             "another --out or the same options")
+        if changes := config_changes(ckpt["config"], cfg):
+            diff = ", ".join(f"{k} (recorded {a!r}, now {b!r})" for k, (a, b) in changes.items())
+            raise LocosError(f"{ckpt_path} was trained with another configuration: {diff}; "
+                             "use another --out or the same options")
         load_trained_state(model, ckpt["adapter"], cfg)
         opt.load_state_dict(ckpt["optimizer"])
         start, stop = ckpt["step"], ckpt.get("stop", stop)
