@@ -208,3 +208,27 @@ def test_published_runs_resume_here(run, tmp_path):
         with pytest.raises(LocosError, match="other settings"):
             RecordStore(copy, {**old, "model": "gemma-3-270m" if run != "gemma3"
                                else "smollm2-135m-instruct"}, ("model",))
+
+
+@pytest.mark.parametrize("run", ["gemma3-hop-v2/protocol", "gemma3-hop/protocol",
+                                 "smollm2-hop/protocol"])
+def test_a_run_resumed_from_published_records_keeps_every_ranking(run, tmp_path):
+    """AtP and QRHead are scored by their own forwards and leave no detection records;
+    ``--resume-from`` copies their head scores, so a resumed run (a k sweep, a set
+    difference) ablates them with the published top heads."""
+    from locos_tl.experiments.protocol.report import resume_from
+    from locos_tl.experiments.protocol.stages import load_rankings
+    from locos_tl.heads import HeadScores
+
+    src = PUBLISHED / run
+    resume_from(src, tmp_path)
+    assert not (tmp_path / "detect" / "atp").exists()
+    got = load_rankings(tmp_path)
+    for method in ("atp", "qrhead"):
+        want = HeadScores.load(src / "heads" / method)
+        assert got[method].n_trials == want.n_trials > 0
+        assert [tuple(map(int, h)) for h in got[method].top_k(10)] == \
+            [tuple(map(int, h)) for h in want.top_k(10)]
+        assert got[method].scores.equal(want.scores)
+    assert set(got) >= {"locos", "dla", "wu", "attention_spatial", "headkv", "atp",
+                        "qrhead"}

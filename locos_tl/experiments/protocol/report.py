@@ -163,13 +163,15 @@ def publish(out: Path, dest: Path) -> None:
 #: ``--resume-from``: the detection and ablation records, the cells, the calibrated query
 #: means (recalibrating on another CPU changes their last bits, and a run refuses to mix
 #: means: ``means_hash``), CRI's records, scores and agreements (runs published before
-#: the records were: :func:`saved_cri`) and the compressed answers. The
+#: the records were: :func:`saved_cri`), every ranking's head scores (AtP and QRHead have
+#: no records: :func:`~locos_tl.experiments.protocol.stages.load_rankings` reads them
+#: here) and the compressed answers. The
 #: trial files are not among them: the ``trials`` stage rebuilds them (deterministic).
 RESUMABLE = ("means.safetensors", "detect/meta.json", "detect/trials.jsonl",
              "detect_niah/meta.json", "detect_niah/trials.jsonl",
              "ablate/*/trials.jsonl", "ablate/*/jobs.json", "ablate/*/meta.json",
              "patch/agreement_*_cri.csv", "patch/trials.jsonl", "patch/meta.json",
-             "heads/cri/head_scores.json", "heads/cri/heads.json",
+             "heads/*/head_scores.json", "heads/*/heads.json",
              "compress/compression.csv")
 
 

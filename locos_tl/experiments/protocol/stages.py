@@ -173,14 +173,21 @@ def forward_methods(methods: str) -> list[str]:
 
 
 def load_rankings(out: Path) -> dict[str, Any]:
+    """Every ranking of a run: the decode-pass detectors from their records in
+    ``detect/``, Wu on NIAH from ``detect_niah/``, and AtP and QRHead (scored only when
+    ``--methods`` named them) from ``detect/<method>/``, else from the report's copy in
+    ``heads/<method>/`` (what a published run holds)."""
     from locos_tl.detectors import FORWARD_METHODS
+    from locos_tl.heads import HeadScores
     from locos_tl.runs.rundir import load_head_scores
 
     res = {m: load_head_scores(out / "detect", m) for m in DETECTORS}
     res["wu_niah"] = load_head_scores(out / "detect_niah", "wu")
-    for m in FORWARD_METHODS:  # scored only when --methods named them
+    for m in FORWARD_METHODS:
         if (out / "detect" / m / "head_scores.json").exists():
             res[m] = load_head_scores(out / "detect", m)
+        elif (out / "heads" / m / "head_scores.json").exists():
+            res[m] = HeadScores.load(out / "heads" / m)
     return res
 
 
