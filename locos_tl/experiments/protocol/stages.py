@@ -178,16 +178,15 @@ def load_rankings(out: Path) -> dict[str, Any]:
     ``--methods`` named them) from ``detect/<method>/``, else from the report's copy in
     ``heads/<method>/`` (what a published run holds)."""
     from locos_tl.detectors import FORWARD_METHODS
-    from locos_tl.heads import HeadScores
     from locos_tl.runs.rundir import load_head_scores
 
     res = {m: load_head_scores(out / "detect", m) for m in DETECTORS}
     res["wu_niah"] = load_head_scores(out / "detect_niah", "wu")
     for m in FORWARD_METHODS:
-        if (out / "detect" / m / "head_scores.json").exists():
-            res[m] = load_head_scores(out / "detect", m)
-        elif (out / "heads" / m / "head_scores.json").exists():
-            res[m] = HeadScores.load(out / "heads" / m)
+        found = [d for d in (out / "detect" / m, out / "heads" / m)
+                 if (d / "head_scores.json").exists()]
+        if found:
+            res[m] = load_head_scores(found[0])
     return res
 
 
