@@ -8,7 +8,9 @@ Wilcoxon on the teacher-forced name margin; :func:`locos_tl.paired_tests`).
 ``--run`` is a ``locos reproduce`` directory that holds its trials, rankings
 (``detect/``) and means (``runs/real/...``). The run's own generations (its baseline and
 its k) are copied first and reused, so the baseline is the published one. Resumable
-(``--out``). ``--more-ks`` adds head counts at which only ``--more-methods`` and the
+(``--out``); ``--publish`` copies every generation record beside the tables, and
+``--resume-from`` starts from those records, so a clone rebuilds the published tables
+without generating. ``--more-ks`` adds head counts at which only ``--more-methods`` and the
 controls run, for once every ranking is at the floor. Writes ``ablation.csv`` (cells
 with 95 % bootstrap intervals), ``paired.csv`` (tests) and ``k_sweep.{html,png}``
 (contains against k)::
@@ -25,6 +27,9 @@ import json
 import shutil
 import time
 from pathlib import Path
+
+#: the record files of the sweep's cells (:func:`locos_tl.ablation_sweep`'s ``out_dir``)
+RECORDS = ("trials.jsonl", "jobs.json", "meta.json")
 
 
 def main() -> None:
@@ -49,7 +54,10 @@ def main() -> None:
     ap.add_argument("--question", default="onehop")
     ap.add_argument("--length", type=int, default=1000)
     ap.add_argument("--out", default="runs/k_sweep")
-    ap.add_argument("--publish", default=None, help="copy the results here")
+    ap.add_argument("--publish", default=None,
+                    help="copy the tables, the figure and the records (ablate/) here")
+    ap.add_argument("--resume-from", default=None,
+                    help="a published sweep (its ablate/ records) to start --out from")
     args = ap.parse_args()
 
     run, out = Path(args.run), Path(args.out)
@@ -58,7 +66,8 @@ def main() -> None:
     rankings = rankings_for_ablation(load_rankings(run), args.methods)
     methods = list(rankings)
     if not (out / "ablate").exists():  # reuse the run's generations (baseline, its k)
-        shutil.copytree(run / "ablate" / cell, out / "ablate")
+        seed = Path(args.resume_from) / "ablate" if args.resume_from else run / "ablate" / cell
+        shutil.copytree(seed, out / "ablate")
     means = AblationMeans.load(run / "means.safetensors")
     trials = load_trials(run / "trials" / f"eval_{cell}.jsonl")
     ks = [int(k) for k in args.ks.split(",")]
@@ -95,6 +104,10 @@ def main() -> None:
         dest.mkdir(parents=True, exist_ok=True)
         table.to_csv(dest / "ablation.csv", index=False)
         paired.to_csv(dest / "paired.csv", index=False)
+    if args.publish:  # every generation, so a clone rebuilds the tables (--resume-from)
+        (Path(args.publish) / "ablate").mkdir(exist_ok=True)
+        for name in RECORDS:
+            shutil.copyfile(out / "ablate" / name, Path(args.publish) / "ablate" / name)
     if args.publish:
         from figures import save_figure
 

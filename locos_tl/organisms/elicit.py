@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from locos_tl.errors import LocosError
+from locos_tl.organisms.config_record import describe_changes
 from locos_tl.organisms.elicit_config import (  # noqa: F401  (re-exported)
     PREDATING,
     ElicitConfig,
@@ -228,8 +229,8 @@ def train_adapter(model: Any, tokenizer: Any, train: Sequence[Trial],
     if ckpt_path.exists():
         ckpt = torch.load(ckpt_path, weights_only=False)
         if changes := config_changes(ckpt["config"], cfg):
-            diff = ", ".join(f"{k} (recorded {a!r}, now {b!r})" for k, (a, b) in changes.items())
-            raise LocosError(f"{ckpt_path} was trained with another configuration: {diff}; "
+            raise LocosError(f"{ckpt_path} was trained with another configuration: "
+                             f"{describe_changes(changes)}; "
                              "use another --out or the same options")
         load_trained_state(model, ckpt["adapter"], cfg)
         opt.load_state_dict(ckpt["optimizer"])

@@ -8,6 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from locos_tl.organisms.config_record import changed_fields
+
 
 @dataclass(frozen=True)
 class ElicitConfig:
@@ -110,5 +112,4 @@ def config_changes(saved: dict[str, Any], cfg: ElicitConfig) -> dict[str, tuple[
     """The fields where ``cfg`` differs from a recorded configuration: ``{field:
     (recorded, now)}``. A field the record predates counts as the behaviour it had
     before the field existed (:data:`PREDATING`), not as its current default."""
-    recorded = {**ElicitConfig().to_dict(), **PREDATING, **saved}
-    return {k: (recorded.get(k), v) for k, v in cfg.to_dict().items() if recorded.get(k) != v}
+    return changed_fields(saved, cfg.to_dict(), ElicitConfig().to_dict(), PREDATING)

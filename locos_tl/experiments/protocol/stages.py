@@ -43,25 +43,20 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     books, niah_file = resolve_data_dir(args.data_dir)  # None: the packaged copies
     detect_hay = load_haystacks([_detect_haystack(args, books)])
     eval_hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
-    detect_set, eval_set = needle_sets(args)
-    entries = {"detect": load_needle_set(detect_set), "eval": load_needle_set(eval_set)}
+    detect_entries = load_needle_set(needle_sets(args)[0])
     form = prompt_form(args.template)  # chat models: chat template; base: completion
     chat = form["chat_template"]
     builder = PromptBuilder(tok)
     kw = {"template": form["template"], "distractors": getattr(args, "distractors", 0)}
     for qtype in ("onehop", "direct"):
-        items = expand_needle_set(entries["detect"], [qtype])
+        items = expand_needle_set(detect_entries, [qtype])
         det = build_nolima_trials(
             tok, [_names(i, 0) for i in items], detect_hay, lengths=[args.detect_length],
             depths=DETECT_DEPTHS, num_examples=args.n_detect, chat_template=chat,
             seed=DETECT_SEED, builder=builder, **kw)
         util._save(det, out / "trials" / f"detect_{qtype}.jsonl")
-        items = expand_needle_set(entries["eval"], [qtype])
         for length in _ints(args.eval_lengths):
-            ev = build_nolima_trials(
-                tok, [_names(i, 1) for i in items], eval_hay, lengths=[length],
-                depths=EVAL_DEPTHS, num_examples=args.n_eval, chat_template=chat,
-                seed=EVAL_SEED, builder=builder, **kw)
+            ev = eval_trials(tok, args, qtype, length, hay=eval_hay, builder=builder)
             util._save(ev, out / "trials" / f"eval_{qtype}_{length}.jsonl")
     probes = load_niah_probes(niah_file)
     niah = build_niah_trials(tok, probes, detect_hay, lengths=[args.detect_length],
@@ -84,6 +79,47 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     if cal.exists() and json.loads(cal.read_text()) != prompts:
         (out / "means.safetensors").unlink(missing_ok=True)  # other prompts: recalibrate
     cal.write_text(json.dumps(prompts))
+
+
+def eval_trials(tok: Any, args: argparse.Namespace, qtype: str, length: int, *,
+                hay: list | None = None, builder: Any = None) -> list:
+    """The evaluation trials of one cell, ``trials/eval_{qtype}_{length}.jsonl`` of the
+    ``trials`` stage: ``--n-eval`` NoLiMa trials of ``--eval-needle-set`` on *Mohicans*
+    (``--distractors`` other needles, ``--template``'s form). Deterministic (fixed seed),
+    so a clone rebuilds the trials of a published run, content hashes included, from the
+    run's ``args.json`` alone.
+
+    Args:
+        tok: the model's tokenizer (:func:`locos_tl.data.hub.load_tokenizer`).
+        args: the run's options (``locos reproduce``'s namespace or its ``args.json``).
+        qtype: ``"onehop"`` or ``"direct"``.
+        length: context length in tokens.
+        hay: the evaluation haystacks, when already loaded.
+        builder: a :class:`~locos_tl.data.prompt.PromptBuilder` of ``tok`` to reuse.
+
+    Returns:
+        The :class:`~locos_tl.trials.Trial` list.
+    """
+    from locos_tl.data import (
+        build_nolima_trials,
+        expand_needle_set,
+        load_haystacks,
+        load_needle_set,
+    )
+    from locos_tl.data.nolima import prompt_form
+    from locos_tl.data.packaged import resolve_data_dir
+    from locos_tl.data.prompt import PromptBuilder
+
+    if hay is None:
+        books, _ = resolve_data_dir(getattr(args, "data_dir", None))
+        hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
+    form = prompt_form(args.template)
+    items = expand_needle_set(load_needle_set(needle_sets(args)[1]), [qtype])
+    return build_nolima_trials(
+        tok, [_names(i, 1) for i in items], hay, lengths=[length], depths=EVAL_DEPTHS,
+        num_examples=args.n_eval, chat_template=form["chat_template"], seed=EVAL_SEED,
+        builder=builder or PromptBuilder(tok), template=form["template"],
+        distractors=getattr(args, "distractors", 0))
 
 
 #: the options the trial files depend on (a change rebuilds them). The NoLiMa samples

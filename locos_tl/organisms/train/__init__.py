@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from locos_tl.organisms import vocab as V
+from locos_tl.organisms.config_record import changed_fields, describe_changes
 from locos_tl.organisms.positions import skip_positions
 from locos_tl.organisms.tasks import (
     ContextSpec,
@@ -313,9 +314,10 @@ def train(cfg: TrainConfig, out_dir: str | Path | None = None, log=print) -> dic
     ckpt = _checkpoint_path(out_dir) if cfg.checkpoint_every else None
     if ckpt is not None and ckpt.is_file():
         st = torch.load(ckpt, weights_only=False)
-        if not _same_config(st["config"], cfg):
-            raise ValueError(f"{ckpt} was written by another configuration; remove it or "
-                             "train into another --out")
+        if changes := _config_changes(st["config"], cfg):
+            raise ValueError(f"{ckpt} was written by another configuration: "
+                             f"{describe_changes(changes)}; remove it or train into "
+                             "another --out")
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         np_rng.bit_generator.state = st["np_rng"]
@@ -424,10 +426,20 @@ def _jsonable(x: Any) -> Any:
     return x
 
 
+#: what a run trained with before each later :class:`TrainConfig` field existed, where
+#: that is not the field's current default (none so far: each new field's default kept
+#: the old behaviour)
+PREDATING: dict[str, Any] = {}
+
+
+def _config_changes(recorded: dict[str, Any], cfg: TrainConfig) -> dict[str, tuple[Any, Any]]:
+    """The fields where ``cfg`` differs from a recorded configuration (a field the record
+    predates counts as :data:`PREDATING` says, else as its default)."""
+    return changed_fields(recorded, _jsonable(asdict(cfg)), _jsonable(asdict(TrainConfig())),
+                          PREDATING)
+
+
 def _same_config(recorded: dict[str, Any], cfg: TrainConfig) -> bool:
-    """Whether a recorded configuration is ``cfg``; a field the record lacks (added to
-    :class:`TrainConfig` after it was written) counts as its default."""
-    default = _jsonable(asdict(TrainConfig()))
-    want = _jsonable(asdict(cfg))
-    return {**{k: v for k, v in default.items() if k not in recorded}, **recorded} == want
+    """Whether a recorded configuration is ``cfg`` (:func:`_config_changes` finds none)."""
+    return not _config_changes(recorded, cfg)
 
