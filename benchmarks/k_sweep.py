@@ -108,7 +108,6 @@ def main() -> None:
         (Path(args.publish) / "ablate").mkdir(exist_ok=True)
         for name in RECORDS:
             shutil.copyfile(out / "ablate" / name, Path(args.publish) / "ablate" / name)
-    if args.publish:
         from figures import save_figure
 
         save_figure(fig, Path(args.publish) / "k_sweep", fmt="html")
