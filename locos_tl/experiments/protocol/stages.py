@@ -22,6 +22,9 @@ from locos_tl.experiments.protocol.common import (
     rankings_for_ablation,
 )
 
+#: the evaluation haystack (shipped books): every evaluation trial is read on *Mohicans*
+EVAL_BOOKS = ("mohicans_part1.txt", "mohicans_part2.txt")
+
 
 def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     from locos_tl.data import (
@@ -42,7 +45,7 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     tok = load_tokenizer(args.model)  # the checkpoint's own tokenizer, as the CLI builds
     books, niah_file = resolve_data_dir(args.data_dir)  # None: the packaged copies
     detect_hay = load_haystacks([_detect_haystack(args, books)])
-    eval_hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
+    eval_hay = load_haystacks([books / name for name in EVAL_BOOKS])
     detect_entries = load_needle_set(needle_sets(args)[0])
     form = prompt_form(args.template)  # chat models: chat template; base: completion
     chat = form["chat_template"]
@@ -112,7 +115,7 @@ def eval_trials(tok: Any, args: argparse.Namespace, qtype: str, length: int, *,
 
     if hay is None:
         books, _ = resolve_data_dir(getattr(args, "data_dir", None))
-        hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
+        hay = load_haystacks([books / name for name in EVAL_BOOKS])
     form = prompt_form(args.template)
     items = expand_needle_set(load_needle_set(needle_sets(args)[1]), [qtype])
     return build_nolima_trials(
