@@ -24,16 +24,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import shutil
 import time
 from pathlib import Path
-
-#: the record files of the sweep's cells (:func:`locos_tl.ablation_sweep`'s ``out_dir``)
-RECORDS = ("trials.jsonl", "jobs.json", "meta.json")
 
 
 def main() -> None:
     import pandas as pd
+    from sweep_records import publish_records, start_records
 
     import locos_tl as lt
     from locos_tl.engine.ablation import AblationMeans
@@ -65,9 +62,9 @@ def main() -> None:
     run_args = json.loads((run / "args.json").read_text())
     rankings = rankings_for_ablation(load_rankings(run), args.methods)
     methods = list(rankings)
-    if not (out / "ablate").exists():  # reuse the run's generations (baseline, its k)
-        seed = Path(args.resume_from) / "ablate" if args.resume_from else run / "ablate" / cell
-        shutil.copytree(seed, out / "ablate")
+    # reuse the published sweep's generations, or the run's (baseline, its k)
+    start_records(out / "ablate",
+                  Path(args.resume_from) / "ablate" if args.resume_from else run / "ablate" / cell)
     means = AblationMeans.load(run / "means.safetensors")
     trials = load_trials(run / "trials" / f"eval_{cell}.jsonl")
     ks = [int(k) for k in args.ks.split(",")]
@@ -105,9 +102,7 @@ def main() -> None:
         table.to_csv(dest / "ablation.csv", index=False)
         paired.to_csv(dest / "paired.csv", index=False)
     if args.publish:  # every generation, so a clone rebuilds the tables (--resume-from)
-        (Path(args.publish) / "ablate").mkdir(exist_ok=True)
-        for name in RECORDS:
-            shutil.copyfile(out / "ablate" / name, Path(args.publish) / "ablate" / name)
+        publish_records(out / "ablate", Path(args.publish) / "ablate")
         from figures import save_figure
 
         save_figure(fig, Path(args.publish) / "k_sweep", fmt="html")

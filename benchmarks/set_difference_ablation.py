@@ -7,7 +7,9 @@ Wilcoxon on the teacher-forced name margin (:func:`locos_tl.paired_tests`).
 
 ``--run`` is a ``locos reproduce`` directory that holds its trials, rankings and means
 (``runs/real/...``). Resumable (``--out``); prints the table and writes
-``set_difference.csv`` (cells) and ``paired.csv`` (tests)::
+``set_difference.csv`` (cells) and ``paired.csv`` (tests). ``--publish`` copies them
+and every generation record (``ablate/``); ``--resume-from`` starts ``--out`` from
+those records, so a clone rebuilds the published tables without generating::
 
     python benchmarks/set_difference_ablation.py --run runs/real/smollm2-nolima-hop \\
         --pairs locos:dla,locos:attention_spatial --ks 5,10,20 \\
@@ -24,6 +26,7 @@ from pathlib import Path
 
 def main() -> None:
     import pandas as pd
+    from sweep_records import publish_records, start_records
 
     import locos_tl as lt
     from locos_tl.engine.ablation import AblationMeans
@@ -41,10 +44,14 @@ def main() -> None:
     ap.add_argument("--seeds", default="0", help="random-heads seeds of each size")
     ap.add_argument("--n", type=int, default=None, help="first N evaluation trials")
     ap.add_argument("--out", default="runs/set_difference")
-    ap.add_argument("--publish", default=None, help="copy the two CSV files here")
+    ap.add_argument("--publish", default=None,
+                    help="copy the two CSV files and the records (ablate/) here")
+    ap.add_argument("--resume-from", default=None,
+                    help="a published set difference (its ablate/ records) to start --out from")
     args = ap.parse_args()
 
     run, out = Path(args.run), Path(args.out)
+    start_records(out / "ablate", Path(args.resume_from) / "ablate" if args.resume_from else None)
     run_args = json.loads((run / "args.json").read_text())
     rankings = load_rankings(run)
     means = AblationMeans.load(run / "means.safetensors")
@@ -98,6 +105,7 @@ def main() -> None:
         dest.mkdir(parents=True, exist_ok=True)
         table.to_csv(dest / "set_difference.csv", index=False)
         paired.to_csv(dest / "paired.csv", index=False)
+        publish_records(out / "ablate", dest / "ablate")
 
 
 if __name__ == "__main__":

@@ -308,6 +308,35 @@ def test_ablation_sweep_on_two_workers_equals_single_process(setup, reference, p
     assert sorted(_lines(tmp_path / "a"), key=key) == sorted(_lines(tmp_path / "b"), key=key)
 
 
+
+def test_workers_record_the_name_margin_as_one_process_does(setup, reference, pool,
+                                                            tmp_path):
+    """On trials with distractor names the workers score the name margin from their own
+    prefill: the same table (``name_margin`` included) and records as one process."""
+    import dataclasses
+
+    import pandas as pd
+
+    from locos_tl.experiments.evaluate import evaluate
+
+    _, model, trials = setup
+    ref, _ = reference
+    names = [t.answer for t in trials[:3]]
+    rivals = [dataclasses.replace(t, meta={**t.meta, "distractor_names": [names[i - 1]]})
+              for i, t in enumerate(trials[:3])]
+    kw = dict(k=[1, 3], mode="query_zero", random=False, bottom=None,
+              max_new_tokens=MAX_NEW, progress=False)
+    with one_thread():
+        single = evaluate(model, rivals, {"locos": ref["locos"]}, out_dir=tmp_path / "a",
+                          **kw)
+    dist = evaluate(model, rivals, {"locos": ref["locos"]}, out_dir=tmp_path / "b",
+                    workers=pool, **kw)
+    assert (single.metric == "name_margin").sum() == 3  # baseline and k = 1, 3
+    pd.testing.assert_frame_equal(single, dist)
+    key = lambda r: r["trial_id"]  # noqa: E731
+    a, b = sorted(_lines(tmp_path / "a"), key=key), sorted(_lines(tmp_path / "b"), key=key)
+    assert a == b and all("name_margin" in r for r in b)
+
 def test_killed_worker_loses_only_its_trial(setup, reference, pool, tmp_path):
     """Kill worker 1 for good when the first record arrives (it is mid-trial or about
     to take one): its trial is retried on worker 0 and the result is still identical."""

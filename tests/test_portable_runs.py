@@ -234,46 +234,69 @@ def test_a_run_resumed_from_published_records_keeps_every_ranking(run, tmp_path)
                         "qrhead"}
 
 
-def test_the_published_k_sweep_rebuilds_from_a_clone():
-    """The k sweep of ``gemma3-270m-nolima`` publishes every generation it scored: the
-    evaluation trials rebuilt from the run's ``args.json`` alone (the records name them
-    by content hash) and those records give the published ``ablation.csv`` and
-    ``paired.csv``, cell by cell and test by test, with no model run."""
+def _published_eval_trials(run: Path) -> list:
+    """The 200 ``onehop`` evaluation trials of a published run, rebuilt from its
+    ``args.json`` alone (the records name them by content hash)."""
     import argparse
 
-    import pandas as pd
     from test_real_models import require_fetched
 
-    import locos_tl as lt
     from locos_tl.data.hub import load_tokenizer
     from locos_tl.experiments.protocol.stages import eval_trials
 
-    require_fetched("gemma-3-270m")  # the tokenizer (the elicited model shares it)
-    run = PUBLISHED / "gemma3-hop-v2" / "protocol"
     args = argparse.Namespace(**json.loads((run / "args.json").read_text()))
+    require_fetched("gemma-3-270m")  # the tokenizer (the elicited model shares it)
     trials = eval_trials(load_tokenizer(args.model), args, "onehop", 1000)
     assert len(trials) == 200
-    sweep = run / "k_sweep"
+    return trials
+
+
+def _rebuilt_cells(sweep: Path, table: str, trials: list):
+    """The published cells of ``sweep/table`` beside the ones its records give now."""
+    import pandas as pd
+
+    import locos_tl as lt
+
     got = lt.load_evaluation(sweep / "ablate", trials)
-    want = pd.read_csv(sweep / "ablation.csv")
+    want = pd.read_csv(sweep / table)
     cells = ["method", "k", "seed"]
     both = want.merge(got, on=[*cells, "metric"], suffixes=("", "_got"))
-    assert set(got["metric"]) >= {"contains", "rougeL"}
+    assert set(got["metric"]) >= {"contains", "rougeL", "name_margin"}
     assert len(both) == len(want[want["metric"].isin(set(got["metric"]))])
-    # the baseline; 7 rankings at k = 1, 5, 10; LOCOS at 20 and 50; at all 5 k, LOCOS's
-    # bottom k and 3 seeds of random heads
-    assert len(both.drop_duplicates(cells)) == 1 + 7 * 3 + 2 + 5 * (1 + 3)
-    assert set(both["k"]) == {0, 1, 5, 10, 20, 50}
     assert (both["n_trials_got"] == 200).all()
     # the same records, scorer and summation order: the published means exactly
     assert both["value_got"].tolist() == both["value"].tolist()
+    return both
+
+
+def _check_paired(sweep: Path, trials: list) -> int:
+    """Every published paired test, computed again from the records; their count."""
+    import pandas as pd
+
+    import locos_tl as lt
 
     records = lt.load_evaluation(sweep / "ablate", trials, per_trial=True)
     paired = pd.read_csv(sweep / "paired.csv")
-    assert len(paired) >= 30
     for row in paired.itertuples():
         again = lt.paired_tests(records, row.method, row.against, k=row.k).iloc[0]
         for col in ("contains", "contains_against", "n_only_a", "n_only_b", "p_mcnemar",
                     "name_margin", "p_wilcoxon"):
             a, b = getattr(row, col), again[col]
             assert (pd.isna(a) and pd.isna(b)) or a == b, (row.method, row.k, col, a, b)
+    return len(paired)
+
+
+def test_the_published_k_sweep_rebuilds_from_a_clone():
+    """The k sweep of ``gemma3-270m-nolima`` publishes every generation it scored: the
+    evaluation trials rebuilt from the run's ``args.json`` and those records give the
+    published ``ablation.csv`` and ``paired.csv``, cell by cell and test by test, with
+    no model run."""
+    run = PUBLISHED / "gemma3-hop-v2" / "protocol"
+    trials = _published_eval_trials(run)
+    both = _rebuilt_cells(run / "k_sweep", "ablation.csv", trials)
+    cells = ["method", "k", "seed"]
+    # the baseline; 7 rankings at k = 1, 5, 10; LOCOS at 20 and 50; at all 5 k, LOCOS's
+    # bottom k and 3 seeds of random heads
+    assert len(both.drop_duplicates(cells)) == 1 + 7 * 3 + 2 + 5 * (1 + 3)
+    assert set(both["k"]) == {0, 1, 5, 10, 20, 50}
+    assert _check_paired(run / "k_sweep", trials) >= 30

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 
+import pandas as pd
 import pytest
 import torch
 
@@ -112,6 +113,37 @@ def test_sweep_margins_equal_the_ablation_sweeps(deep, tmp_path):
     assert all(r["name_margin"] == r["logp_target"] - r["logp_best_distractor"]
                for r in recs)
 
+
+
+def test_a_sweep_recorded_without_margins_gets_them_teacher_forced(deep, tmp_path):
+    """Generations recorded without a name margin (Ray workers before they scored it)
+    get it on the next call, bit for bit the margin a decoding records, with no new
+    generation; the record's later line carries it."""
+    from locos_tl import ablation_sweep
+
+    model, means = deep("gemma3")
+    trials = _trials(model, distractors=True)
+    grid = dict(k=[1, 3], seeds=[0], means=means, progress=False, max_new_tokens=2,
+                scorer=lambda r, t: {"len": float(len(r))})
+    ranking = {"m": [(3, 1), (2, 0), (1, 2), (0, 3)]}
+    decoded = ablation_sweep(model, trials, ranking, out_dir=tmp_path / "dec", **grid)
+    bare = ablation_sweep(model, trials, ranking, out_dir=tmp_path / "run",
+                          name_margin=False, **grid)
+    assert "name_margin" not in set(bare.metric)
+    lines = (tmp_path / "run" / "trials.jsonl").read_text().splitlines()
+    assert len(lines) == 5 * 3 and not any("name_margin" in x for x in lines)
+    filled = ablation_sweep(model, trials, ranking, out_dir=tmp_path / "run", **grid)
+    pd.testing.assert_frame_equal(filled, decoded)  # margins equal, bit for bit
+    recs = [json.loads(x) for x in
+            (tmp_path / "run" / "trials.jsonl").read_text().splitlines()]
+    assert len(recs) == 2 * 5 * 3  # one later line each, nothing generated again
+    want = {r["trial_id"]: r for r in map(json.loads, (tmp_path / "dec" / "trials.jsonl")
+                                          .read_text().splitlines())}
+    for old, new in zip(recs[:15], recs[15:], strict=True):
+        assert new == {**old, "name_margin": want[old["trial_id"]]["name_margin"]}
+    again = ablation_sweep(model, trials, ranking, out_dir=tmp_path / "run", **grid)
+    pd.testing.assert_frame_equal(again, decoded)
+    assert len((tmp_path / "run" / "trials.jsonl").read_text().splitlines()) == 30
 
 def test_sweep_resumes_and_refuses_other_settings(deep, tmp_path):
     from locos_tl import teacher_forced_sweep

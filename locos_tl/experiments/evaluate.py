@@ -38,6 +38,7 @@ from locos_tl.engine.stops import (
     legacy_stop_rule,
     stop_predicate,
 )
+from locos_tl.engine.teacher_forcing import continuation_logprobs
 from locos_tl.experiments.ablation_plan import (  # noqa: F401  (re-exported: old import path)
     DEFAULT_KS,
     RANDOM,
@@ -171,9 +172,12 @@ def ablation_sweep(
         name_margin: also record each generation's teacher-forced name margin under
             the ablation (:func:`locos_tl.experiments.margin.name_margin`, nats; metric
             ``name_margin``), read from the decoding's own prefill KV cache (no second
-            prompt forward). Default: when every trial has distractor needles
-            (``meta["distractor_names"]``). The local executor computes it; with Ray
-            workers it is left out (a warning says so).
+            prompt forward; on Ray workers too). Default: when every trial has
+            distractor needles (``meta["distractor_names"]``). A recorded generation
+            without one (made by Ray workers before they scored it) gets it teacher
+            forced, bit for bit the decoding's (one prompt forward, no decoding;
+            :func:`locos_tl.engine.teacher_forcing.continuation_logprobs`), appended
+            to ``trials.jsonl`` as the record's later line.
         reuse_prefix: compute each ablated prompt from its lowest ablated layer on one
             unablated prefill per trial (:mod:`locos_tl.engine.prefix`; local executor,
             SDPA twin, a prompt within ``chunk_size``), and each decode step from that
@@ -285,29 +289,44 @@ def ablation_sweep(
     if dist is not None and todo:
         from locos_tl.runs.distributed import generate_ablated_distributed
 
-        if name_margin:
-            warnings.warn("name_margin is computed by the local executor only; these "
-                          "generations are recorded without it (rerun with workers=1)",
-                          RuntimeWarning, stacklevel=2)
+        def arrived(ev: Any) -> None:
+            key, t = todo[ev.index]
+            logp = ev.result.get("continuation_logprobs")
+            keep(key, t, ev.result["response"], ev.result["generated"],
+                 ev.result["stopped_by"],
+                 None if logp is None else margin_of_logprobs(t, logp)["name_margin"])
 
         generate_ablated_distributed(
             model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
             max_new_tokens=max_new_tokens, stop_at_newline=True,
             chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
-            progress=progress,
-            on_result=lambda ev: keep(*todo[ev.index], ev.result["response"],
-                                      ev.result["generated"], ev.result["stopped_by"]),
+            progress=progress, on_result=arrived,
+            continuations=[candidate_token_ids(model.tokenizer, t) if name_margin else None
+                           for _, t in todo],
             **dist,
         )
         todo = []
-    bar = tqdm(total=len(todo), desc=f"ablation ({mode})", unit="gen", disable=not progress)
     pending: dict[str, list[str]] = {}
     for key, t in todo:  # trial by trial, so one unablated prefix serves its head sets
         pending.setdefault(t.trial_id, []).append(key)
+    # recorded generations without a margin (made by Ray workers before they scored
+    # it): the margin alone, teacher forced from the same prefill
+    backfill: dict[str, list[str]] = {}
+    for key in sets if name_margin else ():
+        for t in trials:
+            if (key, t.trial_id) in responses and (key, t.trial_id) not in margins:
+                backfill.setdefault(t.trial_id, []).append(key)
+    n_fill = sum(map(len, backfill.values()))
+    bar = tqdm(total=len(todo) + n_fill, unit="gen", disable=not progress,
+               desc=f"ablation ({mode}" + (f"; {n_fill} recorded without a name margin, "
+                                           "scored teacher forced)" if n_fill else ")"))
     for t in trials:
-        keys = pending.pop(t.trial_id, [])
-        prefix = (prompt_prefix(model, t.tokens, [sets[key] for key in keys],
-                                max_bytes=prefix_bytes, decode_steps=max_new_tokens,
+        keys, fill = pending.pop(t.trial_id, []), backfill.pop(t.trial_id, [])
+        if not keys and not fill:
+            continue
+        prefix = (prompt_prefix(model, t.tokens, [sets[key] for key in keys + fill],
+                                max_bytes=prefix_bytes,
+                                decode_steps=max_new_tokens if keys else 0,
                                 stop=stop_predicate(model, t.tokens, stop_rule=stop_rule,
                                                     thinking=thinking))
                   if reuse_prefix else None)
@@ -324,6 +343,12 @@ def ablation_sweep(
             margin = (margin_of_logprobs(t, res.continuation_logprobs)["name_margin"]
                       if name_margin else None)
             keep(key, t, res.text, res.generated, res.stopped_by, margin)
+            bar.update(1)
+        for key in fill:
+            with ablate(model, list(sets[key]), mode, means=means):
+                logp = continuation_logprobs(model, t.tokens, names, prefix=prefix,
+                                             chunk_size=chunk_size)
+            _fill_margin(store, margins, key, t, margin_of_logprobs(t, logp)["name_margin"])
             bar.update(1)
     bar.close()
 
@@ -356,6 +381,16 @@ def ablation_sweep(
                           f"{', ...' if len(short) > 6 else ''}): rerun with those k and "
                           "seeds to fill them", stacklevel=2)
     return df
+
+
+def _fill_margin(store: RecordStore | None, margins: dict[tuple[str, str], float],
+                 key: str, t: Trial, margin: float) -> None:
+    """Keep the name margin of a recorded generation that lacked one: in ``margins`` and
+    as the record's later line (the same record with ``name_margin``; later lines win)."""
+    margins[(key, t.trial_id)] = margin
+    rec = store.get(f"{key}:{t.trial_id}") if store is not None else None
+    if rec is not None:
+        store.append({**rec, "name_margin": margin})
 
 
 def _with_intervals(df: pd.DataFrame, per_trial: pd.DataFrame, ci: float) -> pd.DataFrame:

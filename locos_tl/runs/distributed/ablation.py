@@ -15,7 +15,10 @@ from locos_tl.runs.distributed.ray_glue import require_ray
 @dataclass(frozen=True)
 class AblatedGenerationTask:
     """One greedy generation of ``trial`` with ``heads`` ablated (``mode``), run on a
-    :class:`ModelHost`; returns ``{"response", "generated", "stopped_by"}``.
+    :class:`ModelHost`; returns ``{"response", "generated", "stopped_by"}``, and with
+    ``continuations`` (token-id sequences) their log-probabilities right after the prompt
+    under the ablation, ``"continuation_logprobs"`` (nats; read from the decoding's own
+    prefill, as ``greedy_decode(score_continuations=...)`` does).
 
     The ablation acts at every position: the prompt is prefilled on the SDPA twin with
     the same hooks as module hooks, or through the bridge (see
@@ -31,6 +34,7 @@ class AblatedGenerationTask:
     chunk_size: int = 1024
     stop_rule: str = "newline_token"
     thinking: bool = True
+    continuations: tuple[tuple[int, ...], ...] | None = None
 
     def __call__(self, host: ModelHost) -> dict[str, Any]:
         from locos_tl.engine.ablation import ablate
@@ -42,8 +46,12 @@ class AblatedGenerationTask:
                                 stop_at_newline=self.stop_at_newline, prefill_mode="auto",
                                 chunk_size=self.chunk_size,
                                 stop_rule=self.stop_rule,  # type: ignore[arg-type]
-                                thinking=self.thinking)
-        return {"response": res.text, "generated": res.generated, "stopped_by": res.stopped_by}
+                                thinking=self.thinking,
+                                score_continuations=self.continuations)
+        out = {"response": res.text, "generated": res.generated, "stopped_by": res.stopped_by}
+        if self.continuations is not None:
+            out["continuation_logprobs"] = res.continuation_logprobs
+        return out
 
 
 def generate_ablated_distributed(
@@ -63,6 +71,7 @@ def generate_ablated_distributed(
     pool: RayPool | None = None,
     on_result: Callable[[ResultEvent], None] | None = None,
     progress: bool = True,
+    continuations: Sequence[Sequence[Sequence[int]] | None] | None = None,
     **pool_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Greedy generations under head ablation, ``(heads, trial)`` items spread over Ray
@@ -81,19 +90,31 @@ def generate_ablated_distributed(
         on_result: driver-side callback as each generation arrives (write the
             resumable record there); ``ev.index`` indexes ``items``.
         progress: show a tqdm bar.
+        continuations: one entry per item (None: none for it): token-id sequences
+            whose log-probabilities right after the prompt, under the item's ablation,
+            its result also holds (``"continuation_logprobs"``, nats; the name margin's
+            names, :func:`locos_tl.experiments.margin.candidate_token_ids`).
 
     Returns:
-        One ``{"response", "generated", "stopped_by"}`` dict per item, in order.
+        One ``{"response", "generated", "stopped_by"}`` dict per item, in order, with
+        ``"continuation_logprobs"`` where the item has continuations.
 
     Raises:
+        ValueError: ``continuations`` is not one entry per item.
         DistributedError: Ray missing, every worker died, or an item keeps crashing
             workers.
     """
+    conts = [None] * len(items) if continuations is None else list(continuations)
+    if len(conts) != len(items):
+        raise ValueError(f"continuations has {len(conts)} entries for {len(items)} items: "
+                         "give one per item (None for an item without)")
     require_ray()
     tasks = [AblatedGenerationTask(tuple((int(a), int(b)) for a, b in heads), mode, means,
                                    trial, max_new_tokens, stop_at_newline, chunk_size,
-                                   stop_rule, thinking)
-             for heads, trial in items]
+                                   stop_rule, thinking,
+                                   None if names is None
+                                   else tuple(tuple(int(i) for i in n) for n in names))
+             for (heads, trial), names in zip(items, conts, strict=True)]
     with model_pool_for(model, pool, workers=workers, ray_address=ray_address,
                          load_kwargs=load_kwargs, **pool_kwargs) as pool:
         return pool.map(tasks, on_result=on_result, progress=progress,
