@@ -300,3 +300,17 @@ def test_the_published_k_sweep_rebuilds_from_a_clone():
     assert len(both.drop_duplicates(cells)) == 1 + 7 * 3 + 2 + 5 * (1 + 3)
     assert set(both["k"]) == {0, 1, 5, 10, 20, 50}
     assert _check_paired(run / "k_sweep", trials) >= 30
+
+
+def test_the_published_set_difference_rebuilds_from_a_clone():
+    """The set differences of ``gemma3-270m-nolima`` (the heads in LOCOS's top 5 and
+    not in DLA's or QRHead's, the reverse, and as many random heads) publish every
+    generation: those records give ``set_difference.csv`` and ``paired.csv`` again."""
+    run = PUBLISHED / "gemma3-hop-v2" / "protocol"
+    trials = _published_eval_trials(run)
+    sweep = run / "set_difference"
+    both = _rebuilt_cells(sweep, "set_difference.csv", trials)
+    assert {"locos-dla@5", "dla-locos@5", "locos-qrhead@5", "qrhead-locos@5", "random",
+            "baseline"} == set(both["method"])
+    # each difference against the other and against random heads of its size
+    assert _check_paired(sweep, trials) == 6

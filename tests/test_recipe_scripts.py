@@ -74,3 +74,15 @@ def test_gemma_script_default_weight_is_the_shipped_one():
     text = (REPO / "scripts" / "elicit_hop_gemma.sh").read_text()
     shipped = json.loads((ORGANISMS / "gemma3-270m-nolima" / "elicit.json").read_text())
     assert f'weight="${{2:-{shipped["config"]["kl_weight"]}}}"' in text
+
+
+def test_float32_training_is_an_option_of_its_own(monkeypatch, tmp_path):
+    """``--no-bf16-autocast`` trains in float32 and changes nothing else; the default is
+    the shipped recipes' bfloat16 autocast."""
+    monkeypatch.chdir(tmp_path)
+    argv = _script_argv("elicit_hop.sh", out="OUT", base="smollm2-135m-instruct")
+    plain = _config(argv, monkeypatch)
+    fp32 = _config([*argv, "--no-bf16-autocast"], monkeypatch)
+    assert plain["bf16_autocast"] is True and fp32["bf16_autocast"] is False
+    assert {k: v for k, v in fp32.items() if k != "bf16_autocast"} == \
+        {k: v for k, v in plain.items() if k != "bf16_autocast"}

@@ -55,6 +55,10 @@ def elicit_command(
         help="start the KL term's and validation's book windows with the BOS token "
              "(--no-text-bos: the recipe of smollm2-135m-nolima and gemma3-270m-nolima-v1)")
     ] = True,
+    bf16_autocast: Annotated[bool, typer.Option(
+        help="train under bfloat16 autocast (the weights and optimizer stay float32); "
+             "--no-bf16-autocast trains in float32, about twice as fast on a CPU "
+             "without AMX (benchmarks/elicit_step_speed.py)")] = True,
     val_every: Annotated[int, typer.Option(
         help="steps between validations (and early-stopping checks)")] = 150,
     patience: Annotated[int, typer.Option(
@@ -82,7 +86,8 @@ def elicit_command(
                        haystacks=books, val_books=val_books,
                        steps=steps, lr=lr, trainable=trainable, kl_weight=kl_weight,
                        patience=patience, val_every=val_every, rank=rank, alpha=2 * rank,
-                       template=template, seed=seed, text_bos=text_bos)
+                       template=template, seed=seed, text_bos=text_bos,
+                       bf16_autocast=bf16_autocast)
     try:
         adapter = elicit(cfg, out, device=device,
                          log=lambda m: typer.secho(m, err=True, fg=typer.colors.CYAN))
