@@ -337,6 +337,15 @@ def test_workers_record_the_name_margin_as_one_process_does(setup, reference, po
     a, b = sorted(_lines(tmp_path / "a"), key=key), sorted(_lines(tmp_path / "b"), key=key)
     assert a == b and all("name_margin" in r for r in b)
 
+
+def test_continuations_must_be_one_entry_per_item():
+    """A misaligned ``continuations`` list is refused before Ray starts."""
+    from locos_tl.runs.distributed import generate_ablated_distributed
+
+    with pytest.raises(ValueError, match="2 entries for 1 items"):
+        generate_ablated_distributed("unused", [((), None)], mode="query_zero",
+                                     continuations=[None, [[3]]])
+
 def test_killed_worker_loses_only_its_trial(setup, reference, pool, tmp_path):
     """Kill worker 1 for good when the first record arrives (it is mid-trial or about
     to take one): its trial is retried on worker 0 and the result is still identical."""

@@ -57,8 +57,8 @@ def elicit_command(
     ] = True,
     bf16_autocast: Annotated[bool, typer.Option(
         help="train under bfloat16 autocast (the weights and optimizer stay float32); "
-             "--no-bf16-autocast trains in float32, about twice as fast on a CPU "
-             "without AMX (benchmarks/elicit_step_speed.py)")] = True,
+             "--no-bf16-autocast trains in float32, faster on a CPU without AMX "
+             "(benchmarks/elicit_step_speed.py)")] = True,
     val_every: Annotated[int, typer.Option(
         help="steps between validations (and early-stopping checks)")] = 150,
     patience: Annotated[int, typer.Option(
