@@ -174,7 +174,7 @@ def ablation_sweep(
             ``name_margin``), read from the decoding's own prefill KV cache (no second
             prompt forward; on Ray workers too). Default: when every trial has
             distractor needles (``meta["distractor_names"]``). A recorded generation
-            without one (made by Ray workers before they scored it) gets it teacher
+            without one (say, made by Ray workers before they scored it) gets it teacher
             forced, bit for bit the decoding's (one prompt forward, no decoding;
             :func:`locos_tl.engine.teacher_forcing.continuation_logprobs`), appended
             to ``trials.jsonl`` as the record's later line.
@@ -296,13 +296,16 @@ def ablation_sweep(
                  ev.result["stopped_by"],
                  None if logp is None else margin_of_logprobs(t, logp)["name_margin"])
 
+        # the margin's names, tokenized once a trial (a trial has several head sets)
+        wanted = {t.trial_id for _, t in todo} if name_margin else set()
+        names_of = {t.trial_id: candidate_token_ids(model.tokenizer, t) for t in trials
+                    if t.trial_id in wanted}
         generate_ablated_distributed(
             model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
             max_new_tokens=max_new_tokens, stop_at_newline=True,
             chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
             progress=progress, on_result=arrived,
-            continuations=[candidate_token_ids(model.tokenizer, t) if name_margin else None
-                           for _, t in todo],
+            continuations=[names_of.get(t.trial_id) for _, t in todo],
             **dist,
         )
         todo = []
