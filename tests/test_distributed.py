@@ -346,6 +346,7 @@ def test_continuations_must_be_one_entry_per_item():
         generate_ablated_distributed("unused", [((), None)], mode="query_zero",
                                      continuations=[None, [[3]]])
 
+
 def test_killed_worker_loses_only_its_trial(setup, reference, pool, tmp_path):
     """Kill worker 1 for good when the first record arrives (it is mid-trial or about
     to take one): its trial is retried on worker 0 and the result is still identical."""
