@@ -60,12 +60,14 @@ def main() -> None:
     ks = [int(k) for k in args.ks.split(",")]
     seeds = [int(s) for s in args.seeds.split(",")]
     model = lt.load_model(run_args["model"], device="cpu")
-    cells, sets = [], {}
+    cells, sets, partner = [], {}, {}
     t0 = time.perf_counter()
     for pair in args.pairs.split(","):
         a, b = pair.split(":")
         diffs = difference_sets(rankings, (a, b), ks)
         sets.update(diffs)
+        for k in ks:  # each set's opposite direction, named without parsing names
+            partner[f"{a}-{b}@{k}"], partner[f"{b}-{a}@{k}"] = f"{b}-{a}@{k}", f"{a}-{b}@{k}"
         for k in ks:
             group = {n: h for n, h in diffs.items() if n.endswith(f"@{k}")}
             if not group:  # identical top-k sets: nothing to ablate
@@ -83,9 +85,7 @@ def main() -> None:
     tests = []
     for name, heads in sets.items():
         size = len(heads)
-        a, rest = name.split("-", 1)
-        b, k = rest.split("@")
-        other = f"{b}-{a}@{k}"
+        other = partner[name]
         for against in ((other,) if name < other else ()) + ("random",):
             if against in set(records["method"]):
                 tests.append(lt.paired_tests(records, name, against, k=size))

@@ -56,6 +56,34 @@ def test_kl_equals_brute_force_and_vanishes_on_the_base(tiny_dirs):
     assert got == pytest.approx(want / len(ids), rel=1e-4)  # float32 log-softmax vs float64
 
 
+def test_adapter_off_is_the_frozen_base_bit_for_bit(tiny_dirs):
+    """The LoRA run's KL reference is the model itself with its adapters turned off: the
+    logits, greedy generations and KL terms equal a frozen copy's, and each call leaves
+    the adapters on and the training mode as it was."""
+    base, tok = _hf(tiny_dirs)
+    base.eval()
+    model = el.add_mlp_lora(_hf(tiny_dirs)[0], el.ElicitConfig(rank=2, alpha=4))
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0, 0.5, generator=torch.Generator().manual_seed(len(n)))
+    model.train()
+    ref = ek.AdapterOff(model)
+    ids = tok("The river ran past the mill and the old bridge.")["input_ids"]
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        got, want = ref(input_ids=x).logits, base(input_ids=x).logits
+        adapted = model(input_ids=x).logits
+    assert torch.equal(got, want)
+    assert (adapted - want).abs().max() > 1e-3  # the adapters are on again after the call
+    assert model.training
+    gen = dict(attention_mask=torch.ones_like(x), max_new_tokens=6, do_sample=False,
+               pad_token_id=tok.eos_token_id)
+    assert torch.equal(ref.generate(input_ids=x, **gen), base.generate(input_ids=x, **gen))
+    kl = ek.kl_to_base(model, ref, ids)
+    assert kl.item() > 0 and kl.item() == ek.kl_to_base(model, base, ids).item()
+
+
 def test_keep_prompts_are_not_control_questions():
     qs = ek.keep_questions(seed=0)
     assert len(qs) == len(set(qs)) == len(ek.KEEP_FACTS) + 32 + len(ek.KEEP_CHAT)
@@ -296,7 +324,8 @@ def test_cast_adapter_rounds_once_and_merges_the_rounded_weights(tiny_dirs, tmp_
         cast_adapter(tmp_path / "nothing")
 
 
-def test_elicit_runs_end_to_end_and_validates_on_new_kinds(tiny_dirs, tmp_path):
+def test_elicit_runs_end_to_end_and_validates_on_new_kinds(tiny_dirs, tmp_path,
+                                                           monkeypatch):
     """``elicit`` on the tiny Llama (completion form, KL term on, a validation book,
     ``hop_val`` validating): the adapter, the record of what validated, a validation row
     and the KL of an adapter that has barely moved; a rerun with another validation set
@@ -306,7 +335,15 @@ def test_elicit_runs_end_to_end_and_validates_on_new_kinds(tiny_dirs, tmp_path):
                           kl_window=32, save_every=1, bf16_autocast=False, patience=0,
                           val_needle_set="hop_val", val_books=("mohicans_part2",))
     out = tmp_path / "run"
+    from transformers import AutoModelForCausalLM
+
+    loads = []
+    real = AutoModelForCausalLM.from_pretrained.__func__
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", classmethod(
+        lambda cls, *a, **k: loads.append(a[0]) or real(cls, *a, **k)))
     adapter = el.elicit(cfg, out, log=lambda m: None)
+    assert len(loads) == 1  # the KL term reads the base through the LoRA model, no copy
+    monkeypatch.undo()
     assert (adapter / "adapter_model.safetensors").is_file()
     record = json.loads((out / "elicit.json").read_text())
     assert record["validation_entries"] == sorted(e.id for e in load_needle_set("hop_val"))

@@ -234,9 +234,10 @@ def test_a_run_resumed_from_published_records_keeps_every_ranking(run, tmp_path)
                         "qrhead"}
 
 
-def _published_eval_trials(run: Path) -> list:
+def _published_eval_trials(run: Path, base: str = "gemma-3-270m") -> list:
     """The 200 ``onehop`` evaluation trials of a published run, rebuilt from its
-    ``args.json`` alone (the records name them by content hash)."""
+    ``args.json`` alone (the records name them by content hash); ``base`` holds the
+    tokenizer (the elicited model shares it)."""
     import argparse
 
     from test_real_models import require_fetched
@@ -245,7 +246,7 @@ def _published_eval_trials(run: Path) -> list:
     from locos_tl.experiments.protocol.stages import eval_trials
 
     args = argparse.Namespace(**json.loads((run / "args.json").read_text()))
-    require_fetched("gemma-3-270m")  # the tokenizer (the elicited model shares it)
+    require_fetched(base)
     trials = eval_trials(load_tokenizer(args.model), args, "onehop", 1000)
     assert len(trials) == 200
     return trials
@@ -304,13 +305,25 @@ def test_the_published_k_sweep_rebuilds_from_a_clone():
 
 def test_the_published_set_difference_rebuilds_from_a_clone():
     """The set differences of ``gemma3-270m-nolima`` (the heads in LOCOS's top 5 and
-    not in DLA's or QRHead's, the reverse, and as many random heads) publish every
+    not in DLA's, QRHead's or AtP's, the reverse, and as many random heads) publish every
     generation: those records give ``set_difference.csv`` and ``paired.csv`` again."""
     run = PUBLISHED / "gemma3-hop-v2" / "protocol"
     trials = _published_eval_trials(run)
     sweep = run / "set_difference"
     both = _rebuilt_cells(sweep, "set_difference.csv", trials)
-    assert {"locos-dla@5", "dla-locos@5", "locos-qrhead@5", "qrhead-locos@5", "random",
-            "baseline"} == set(both["method"])
+    assert {"locos-dla@5", "dla-locos@5", "locos-qrhead@5", "qrhead-locos@5",
+            "locos-atp@5", "atp-locos@5", "random", "baseline"} == set(both["method"])
     # each difference against the other and against random heads of its size
-    assert _check_paired(sweep, trials) == 6
+    assert _check_paired(sweep, trials) == 9
+
+
+def test_the_published_smollm2_atp_set_difference_rebuilds_from_a_clone():
+    """``smollm2-135m-nolima``'s set difference against AtP on ``everyday`` (one head
+    each way, 3 seeds of one random head): its records give both tables again."""
+    run = PUBLISHED / "smollm2-hop" / "protocol_everyday"
+    trials = _published_eval_trials(run, base="smollm2-135m-instruct")
+    sweep = run / "set_difference_atp"
+    both = _rebuilt_cells(sweep, "set_difference.csv", trials)
+    assert {"locos-atp@5", "atp-locos@5", "random", "baseline"} == set(both["method"])
+    assert sorted(set(both.loc[both["method"] == "random", "seed"])) == [0, 1, 2]
+    assert _check_paired(sweep, trials) == 3

@@ -36,7 +36,13 @@ from locos_tl.organisms.elicit_config import (  # noqa: F401  (re-exported)
     config_changes,
     same_config,
 )
-from locos_tl.organisms.elicit_keep import KeepData, keep_data, keep_validation, kl_to_base
+from locos_tl.organisms.elicit_keep import (
+    AdapterOff,
+    KeepData,
+    keep_data,
+    keep_validation,
+    kl_to_base,
+)
 from locos_tl.trials import Trial
 
 #: the MLP projections LoRA adapts (Llama / Qwen / Gemma / OLMo naming)
@@ -353,12 +359,13 @@ def elicit(cfg: ElicitConfig, out: str | os.PathLike[str], *, device: str = "cpu
                             question_types=cfg.question_types, seed=cfg.seed, builder=builder,
                             template=cfg.template)
     model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
+    model = prepare_trainable(model, cfg)
     keep = None
     if cfg.kl_weight > 0:
         keep = keep_data(tok, base_dir, books, [book_file(b) for b in cfg.val_books], cfg,
                          out, key=_sha(base_dir / "model.safetensors"), device=device,
+                         base=AdapterOff(model) if cfg.trainable == "lora" else None,
                          log=log)
-    model = prepare_trainable(model, cfg)
     n_train = sum(p.numel() for p in model.parameters() if p.requires_grad)
     what = f"LoRA on {', '.join(MLP_MODULES)}" if cfg.trainable == "lora" else "MLP weights"
     log(f"{what}: {n_train / 1e6:.2f}M trainable parameters")

@@ -121,7 +121,8 @@ class KeepData:
     """What the KL term needs: the frozen base and its token sequences.
 
     Attributes:
-        base: the frozen base model (Hugging Face causal LM, ``requires_grad`` off).
+        base: the frozen base model: a Hugging Face causal LM with ``requires_grad``
+            off, or :class:`AdapterOff` of the LoRA model being trained.
         books: each training book's tokens; the last ``hold_out`` fraction validates
             unless ``val_books`` are given.
         prompts: :func:`keep_sequences`; every ``val_every_nth``-th validates.
@@ -181,17 +182,52 @@ class KeepData:
         return [p for i, p in enumerate(self.prompts) if not i % self.val_every_nth]
 
 
+class AdapterOff:
+    """The base model seen through a peft model with its adapters turned off, in eval
+    mode: the KL term's reference without a second copy of the base weights.
+
+    Calling it (or its ``generate``) runs the peft model under ``disable_adapter()``,
+    which computes each adapted layer as its base layer alone, so the logits are the
+    frozen base's bit for bit. The adapters and the training mode are restored after
+    each call.
+    """
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def _off(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with self.model.disable_adapter():
+                return fn(*args, **kwargs)
+        finally:
+            self.model.train(was_training)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._off(self.model, *args, **kwargs)
+
+    def generate(self, *args: Any, **kwargs: Any) -> Any:
+        return self._off(self.model.generate, *args, **kwargs)
+
+
 def keep_data(tokenizer: Any, base_dir: Path, books: Sequence[Path],
               val_books: Sequence[Path], cfg: Any, out: Path, *, key: str,
-              device: str = "cpu", log: Callable[[str], None] = print) -> KeepData:
+              base: Any = None, device: str = "cpu",
+              log: Callable[[str], None] = print) -> KeepData:
     """The KL term's data for an elicit run (``cfg``: its
-    :class:`~locos_tl.organisms.elicit.ElicitConfig`): a frozen copy of the base, the
-    training and validation books' tokens, and the non-retrieval prompts answered by the
-    base (cached in ``out/keep_prompts.json`` under ``key``, the base weights' hash)."""
-    from transformers import AutoModelForCausalLM
+    :class:`~locos_tl.organisms.elicit.ElicitConfig`): the frozen base, the training and
+    validation books' tokens, and the non-retrieval prompts answered by the base (cached
+    in ``out/keep_prompts.json`` under ``key``, the base weights' hash).
 
-    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
-    base.eval().requires_grad_(False)
+    ``base`` is the reference model (:class:`AdapterOff` for a LoRA run); without it a
+    frozen float32 copy is loaded from ``base_dir`` (full-MLP training changes the
+    model's own weights, so it needs one)."""
+    if base is None:
+        from transformers import AutoModelForCausalLM
+
+        base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).to(device)
+        base.eval().requires_grad_(False)
     out.mkdir(parents=True, exist_ok=True)
     log("answering the non-retrieval prompts with the frozen base")
     prompts = keep_sequences(tokenizer, base, keep_questions(cfg.seed), device=device,
