@@ -303,6 +303,17 @@ def test_the_published_k_sweep_rebuilds_from_a_clone():
     assert _check_paired(run / "k_sweep", trials) >= 30
 
 
+def test_the_published_everyday_k_sweep_rebuilds_from_a_clone():
+    """The same for ``gemma3-270m-nolima`` on ``everyday`` (LOCOS, AtP and DLA at k = 1
+    and 5): the trials rebuilt from ``args.json`` and the records give both tables."""
+    run = PUBLISHED / "gemma3-hop-v2" / "protocol_everyday"
+    trials = _published_eval_trials(run)
+    both = _rebuilt_cells(run / "k_sweep", "ablation.csv", trials)
+    # the baseline; 3 rankings, LOCOS's bottom k and 3 seeds of random heads at k = 1, 5
+    assert len(both.drop_duplicates(["method", "k", "seed"])) == 1 + 2 * (3 + 1 + 3)
+    assert _check_paired(run / "k_sweep", trials) == 12
+
+
 def test_the_published_set_difference_rebuilds_from_a_clone():
     """The set differences of ``gemma3-270m-nolima`` (the heads in LOCOS's top 5 and
     not in DLA's, QRHead's or AtP's, the reverse, and as many random heads) publish every
