@@ -31,7 +31,7 @@ def main() -> None:
     import locos_tl as lt
     from locos_tl.engine.ablation import AblationMeans
     from locos_tl.experiments.protocol.stages import load_rankings
-    from locos_tl.experiments.set_difference import difference_sets
+    from locos_tl.experiments.set_difference import difference_name, difference_sets
     from locos_tl.trials import load_trials
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -66,10 +66,10 @@ def main() -> None:
         a, b = pair.split(":")
         diffs = difference_sets(rankings, (a, b), ks)
         sets.update(diffs)
-        for k in ks:  # each set's opposite direction, named without parsing names
-            partner[f"{a}-{b}@{k}"], partner[f"{b}-{a}@{k}"] = f"{b}-{a}@{k}", f"{a}-{b}@{k}"
         for k in ks:
-            group = {n: h for n, h in diffs.items() if n.endswith(f"@{k}")}
+            ab, ba = difference_name(a, b, k), difference_name(b, a, k)
+            partner[ab], partner[ba] = ba, ab  # each set's opposite direction
+            group = {n: diffs[n] for n in (ab, ba) if n in diffs}
             if not group:  # identical top-k sets: nothing to ablate
                 continue
             size = len(next(iter(group.values())))

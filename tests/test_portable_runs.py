@@ -234,19 +234,20 @@ def test_a_run_resumed_from_published_records_keeps_every_ranking(run, tmp_path)
                         "qrhead"}
 
 
-def _published_eval_trials(run: Path, base: str = "gemma-3-270m") -> list:
+def _published_eval_trials(run: Path) -> list:
     """The 200 ``onehop`` evaluation trials of a published run, rebuilt from its
-    ``args.json`` alone (the records name them by content hash); ``base`` holds the
-    tokenizer (the elicited model shares it)."""
+    ``args.json`` alone (the records name them by content hash)."""
     import argparse
 
     from test_real_models import require_fetched
 
     from locos_tl.data.hub import load_tokenizer
     from locos_tl.experiments.protocol.stages import eval_trials
+    from locos_tl.models.zoo import ELICITED_MODELS
 
     args = argparse.Namespace(**json.loads((run / "args.json").read_text()))
-    require_fetched(base)
+    elicited = ELICITED_MODELS.get(args.model)
+    require_fetched(elicited.base if elicited else args.model)  # the base's tokenizer
     trials = eval_trials(load_tokenizer(args.model), args, "onehop", 1000)
     assert len(trials) == 200
     return trials
@@ -332,7 +333,7 @@ def test_the_published_smollm2_atp_set_difference_rebuilds_from_a_clone():
     """``smollm2-135m-nolima``'s set difference against AtP on ``everyday`` (one head
     each way, 3 seeds of one random head): its records give both tables again."""
     run = PUBLISHED / "smollm2-hop" / "protocol_everyday"
-    trials = _published_eval_trials(run, base="smollm2-135m-instruct")
+    trials = _published_eval_trials(run)
     sweep = run / "set_difference_atp"
     both = _rebuilt_cells(sweep, "set_difference.csv", trials)
     assert {"locos-atp@5", "atp-locos@5", "random", "baseline"} == set(both["method"])

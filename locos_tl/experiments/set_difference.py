@@ -35,6 +35,11 @@ def top_k_difference(a: HeadScores, b: HeadScores, k: int) -> list[Head]:
     return [h for h in _ranked(a)[:k] if h not in top_b]
 
 
+def difference_name(a: str, b: str, k: int) -> str:
+    """The name of ``top_k(a) \\ top_k(b)``: ``"a-b@k"``."""
+    return f"{a}-{b}@{k}"
+
+
 def difference_sets(rankings: dict[str, HeadScores], pair: tuple[str, str],
                     ks: Sequence[int] = (5, 10, 20)) -> dict[str, list[Head]]:
     """``{"A-B@k": heads, "B-A@k": heads}`` for each ``k`` (empty differences left out).
@@ -57,7 +62,7 @@ def difference_sets(rankings: dict[str, HeadScores], pair: tuple[str, str],
         for x, y in ((a_name, b_name), (b_name, a_name)):
             heads = top_k_difference(rankings[x], rankings[y], k)
             if heads:
-                out[f"{x}-{y}@{k}"] = heads
+                out[difference_name(x, y, k)] = heads
     return out
 
 
