@@ -90,6 +90,33 @@ def test_damaged_file_is_a_hash_mismatch(copied_data):
     assert issubclass(PackagedDataError, DataFormatError)
 
 
+def test_an_unlisted_book_is_refused_by_every_reader(copied_data, tiny_dirs, tmp_path):
+    """A ``*.txt`` the manifest does not list would be read as a shipped book (a quarter of
+    the NoLiMa trials on four books, recorded as ``locos_tl:books``): refused by name."""
+    from typer.testing import CliRunner
+
+    from locos_tl.cli import app
+    from locos_tl.organisms import default_book_dir
+
+    extra = copied_data / "books" / "my_notes.txt"
+    extra.write_text((copied_data / "books" / "dracula_part1.txt").read_text()[:20_000])
+    named = r"books folder holds my_notes.txt, which MANIFEST.json does not list.*Remove it"
+    for reader in (book_dir, default_book_dir, lambda: resolve_data_dir(None)):
+        with pytest.raises(PackagedDataError, match=named):
+            reader()
+    assert book_path("dracula_part1").name == "dracula_part1.txt"  # by name: still fine
+    out = tmp_path / "t.jsonl"
+    res = CliRunner().invoke(app, [
+        "build-trials", "nolima", "--needle-set", "everyday", "--tokenizer",
+        str(tiny_dirs["qwen3"]), "--out", str(out), "--lengths", "480", "--depths", "50",
+        "--num-examples", "8", "--question-type", "onehop"])
+    assert res.exit_code == 2, res.output
+    assert "my_notes.txt" in res.output and "--haystack" in res.output
+    assert not out.exists()
+    extra.unlink()
+    assert book_dir() == copied_data / "books"
+
+
 def test_given_data_dir_must_have_the_release_layout(tmp_path):
     with pytest.raises(DataFormatError, match=r"lacks .*haystack.*niah_needles.jsonl"):
         resolve_data_dir(tmp_path)

@@ -97,11 +97,22 @@ def book_path(name: str) -> Path:
 
 
 def book_dir() -> Path:
-    """The folder of the shipped books (every ``*.txt`` in it verified).
+    """The folder of the shipped books: every ``*.txt`` in it is listed in the manifest
+    and matches its SHA-256, so a reader may take all of them.
 
     Raises:
-        PackagedDataError: a book is missing or damaged.
+        PackagedDataError: a book is missing or damaged, or the folder holds a ``*.txt``
+            the manifest does not list (named, with how to use text of one's own).
     """
+    listed = {f"{name}.txt" for name in book_names()}
+    unlisted = sorted(p.name for p in BOOK_DIR.glob("*.txt") if p.name not in listed)
+    if unlisted:
+        raise PackagedDataError(
+            f"the packaged books folder holds {', '.join(unlisted)}, which {MANIFEST.name} "
+            f"does not list ({BOOK_DIR}); every reader of that folder would take it for a "
+            "shipped book. Remove it; for text of your own, keep it in a folder of your own "
+            "and pass that (locos build-trials nolima/niah --haystack, locos demo --book, "
+            "the protocol's --data-dir)")
     for name in book_names():
         book_path(name)
     return BOOK_DIR
@@ -129,7 +140,8 @@ def resolve_data_dir(data_dir: str | Path | None) -> tuple[Path, Path]:
         ``(book folder, NIAH probe file)``.
 
     Raises:
-        PackagedDataError: packaged data missing or damaged.
+        PackagedDataError: packaged data missing or damaged, or a ``*.txt`` in the packaged
+            books folder that the manifest does not list (:func:`book_dir`).
         DataFormatError: a given folder lacks ``haystack/`` or ``niah_needles.jsonl``.
     """
     if data_dir is None:

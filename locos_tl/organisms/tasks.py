@@ -162,7 +162,8 @@ def default_book_dir() -> Path:
     """The public-domain books shipped with locos_tl (:func:`locos_tl.data.packaged.book_dir`).
 
     Raises:
-        PackagedDataError: a packaged book is missing or damaged.
+        PackagedDataError: a packaged book is missing or damaged, or the folder holds a
+            ``*.txt`` the manifest does not list.
     """
     from locos_tl.data.packaged import book_dir
 
