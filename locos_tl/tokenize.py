@@ -36,14 +36,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from locos_tl.errors import TrialError
+from locos_tl.errors import TrialError, warn_caller
 
 #: ``"checkpoint"``: the checkpoint's rule (BOS iff its tokenizer prepends one);
 #: ``"none"``: no special token is added (fragments, raw calibration text).
@@ -52,6 +51,10 @@ BOS_POLICIES: tuple[str, ...] = get_args(BosPolicy)
 
 _OWN: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 _RESOLVED: weakref.WeakSet[Any] = weakref.WeakSet()
+#: reload -> the length of the given tokenizer it last followed (:func:`_follow_added`)
+_FOLLOWED: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+#: tokenizer -> (its length, :func:`added_since_load`)
+_ADDED: weakref.WeakKeyDictionary[Any, tuple[int, list[str]]] = weakref.WeakKeyDictionary()
 
 
 def checkpoint_tokenizer(tokenizer: Any) -> Any:
@@ -62,7 +65,10 @@ def checkpoint_tokenizer(tokenizer: Any) -> Any:
     BOS the checkpoint's tokenizer does not, and fills a missing ``bos_token`` with the
     EOS. Such a tokenizer is reloaded once from its ``name_or_path`` (local files only:
     the bridge has just read them) and the reload is cached; any other tokenizer is
-    returned as it is.
+    returned as it is. The reload follows the given tokenizer as it is now: tokens
+    added to it after loading (``add_special_tokens``, ``add_tokens``; with their ids,
+    flags and any BOS/EOS/pad/unk role given to them) are added to the reload too, so
+    it encodes them whole and its fingerprint changes with them.
 
     Args:
         tokenizer: a Hugging Face fast tokenizer, or an object with a ``.tokenizer``
@@ -71,7 +77,8 @@ def checkpoint_tokenizer(tokenizer: Any) -> Any:
     Returns:
         the tokenizer whose ``tokenizer(text)`` is the checkpoint's behaviour. If the
         reload fails, ``tokenizer`` itself, with a warning that its BOS behaviour may be
-        the bridge's rather than the checkpoint's.
+        the bridge's rather than the checkpoint's; the same, with a warning, when a
+        token added to ``tokenizer`` gets another id in the reload.
     """
     tok = getattr(tokenizer, "tokenizer", None) or tokenizer
     init = getattr(tok, "init_kwargs", None) or {}
@@ -88,17 +95,16 @@ def checkpoint_tokenizer(tokenizer: Any) -> Any:
     except TypeError:  # not weak-referenceable
         cached = None
     if cached is not None:
-        return cached
+        return _follow_added(tok, cached)
     try:
         from transformers import AutoTokenizer
 
         own = AutoTokenizer.from_pretrained(name, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - any loader failure: keep the given one
-        warnings.warn(
+        warn_caller(
             f"could not reload the tokenizer of {name!r} without the bridge's "
             f"add_bos_token=True ({type(exc).__name__}: {exc}); prompts follow the given "
             "tokenizer's BOS behaviour, which may differ from the checkpoint's",
-            stacklevel=2,
         )
         own = tok
     try:
@@ -106,7 +112,68 @@ def checkpoint_tokenizer(tokenizer: Any) -> Any:
         _RESOLVED.add(own)  # passing the reload back in never reloads it again
     except TypeError:
         pass
+    return _follow_added(tok, own)
+
+
+def _follow_added(tok: Any, own: Any) -> Any:
+    """``own`` (the reload of ``tok``) given the tokens added to ``tok`` since it was
+    loaded, in id order, with their flags and roles; ``tok`` itself, with a warning,
+    where one of them gets another id in ``own``. A BOS, EOS or pad token the bridge
+    added because the checkpoint has none is not followed."""
+    try:
+        if own is tok or len(tok) == _FOLLOWED.get(own, len(own)):
+            return own
+        mine = own.added_tokens_decoder
+        filled = {str(getattr(tok, f"{r}_token")) for r in ("bos", "eos", "pad")
+                  if getattr(own, f"{r}_token_id", None) is None
+                  and getattr(tok, f"{r}_token", None) is not None}
+        new = [(int(i), t) for i, t in sorted(tok.added_tokens_decoder.items())
+               if int(i) not in mine and str(t) not in filled]
+    except (TypeError, AttributeError):  # not a Hugging Face tokenizer: nothing to follow
+        return own
+    for _, t in new:
+        own.add_tokens([t], special_tokens=bool(getattr(t, "special", False)))
+    for role in SPECIAL_ROLES:  # a role given to an added token (add_special_tokens)
+        s = getattr(tok, f"{role}_token", None)
+        if s is not None and any(str(s) == str(t) for _, t in new):
+            setattr(own, f"{role}_token", str(s))
+    moved = [(str(t), i) for i, t in new if own.convert_tokens_to_ids(str(t)) != i]
+    if moved:
+        warn_caller(
+            f"the tokens added to the tokenizer of {tok.name_or_path!r} after loading get "
+            f"other ids in its reload ({moved[0][0]!r}: {moved[0][1]} there, "
+            f"{own.convert_tokens_to_ids(moved[0][0])} here); prompts follow the given "
+            "tokenizer, whose BOS behaviour may be the bridge's rather than the checkpoint's",
+        )
+        return tok
+    _FOLLOWED[own] = len(tok)
     return own
+
+
+def added_since_load(tokenizer: Any) -> list[str]:
+    """The tokens added to a tokenizer after it was loaded from its files
+    (``add_special_tokens``, ``add_tokens``), in id order: those of its
+    ``added_tokens_decoder`` that its ``init_kwargs["added_tokens_decoder"]`` (what the
+    files gave) lacks. ``[]`` for a tokenizer built in memory (no such record)."""
+    tok = checkpoint_tokenizer(tokenizer)
+    loaded = (getattr(tok, "init_kwargs", None) or {}).get("added_tokens_decoder")
+    if not isinstance(loaded, dict):
+        return []
+    try:  # added tokens grow the tokenizer: its length tells when to look again
+        size = len(tok)
+        cached = _ADDED.get(tok)
+        if cached is not None and cached[0] == size:
+            return list(cached[1])
+        ids = {int(i) for i in loaded}
+        added = [str(t) for i, t in sorted(tok.added_tokens_decoder.items())
+                 if int(i) not in ids]
+    except (TypeError, AttributeError):  # no length, no added tokens: not followed
+        return []
+    try:
+        _ADDED[tok] = (size, added)
+    except TypeError:
+        pass
+    return list(added)
 
 
 def prepended_ids(tokenizer: Any) -> list[int]:
@@ -256,7 +323,9 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
     the same fingerprint in every process, machine and transformers version that reads
     them alike. The checkpoint's own tokenizer is hashed
     (:func:`checkpoint_tokenizer`): a TransformerBridge's tokenizer, which sets a
-    missing BOS or pad token to the EOS, has the fingerprint of its checkpoint's.
+    missing BOS or pad token to the EOS, has the fingerprint of its checkpoint's; a
+    token added to it at run time (``add_special_tokens``) is in the vocabulary hashed,
+    as it is in the checkpoint's tokenizer given the same token.
 
     Args:
         tokenizer: a Hugging Face tokenizer, or an object with a ``.tokenizer``
@@ -300,8 +369,21 @@ def tokenizer_fingerprint(tokenizer: Any) -> str:
 def tokenizer_name(tokenizer: Any) -> str:
     """A human name of a tokenizer, for messages: the registry name of a prepared GGUF
     or elicited folder (``"smollm2-135m-instruct"``; its ``gguf_source.json``), else its
-    ``name_or_path`` (hub id or folder), else ``"an unnamed tokenizer of N tokens"``."""
+    ``name_or_path`` (hub id or folder), else ``"an unnamed tokenizer of N tokens"``;
+    followed by the tokens added to it after loading (:func:`added_since_load`), e.g.
+    ``"smollm2-135m-instruct + added '<doc>'"``."""
     tok = checkpoint_tokenizer(tokenizer)
+    name = _file_name(tok)
+    added = added_since_load(tok)
+    if added:
+        shown = ", ".join(repr(t) for t in added[:3]) + (", ..." if len(added) > 3 else "")
+        name += f" + added {shown}" if len(added) == 1 else \
+            f" + {len(added)} added tokens ({shown})"
+    return name
+
+
+def _file_name(tok: Any) -> str:
+    """:func:`tokenizer_name` without the added tokens."""
     name = str(getattr(tok, "name_or_path", "") or "")
     if name:
         source = Path(name) / "gguf_source.json"

@@ -151,11 +151,16 @@ def warn_unchecked_file(path: Path, unchecked: list[str], n: int, warned: set[st
 
 
 def mismatch_message(t: Any, own: Any, what: str, whose: str, plural: bool = False) -> str:
-    """The message of trials tokenized by another tokenizer than ``own``'s."""
+    """The message of trials tokenized by another tokenizer than ``own``'s; where both
+    have the same name, it says that their vocabularies or special tokens differ."""
     theirs = t.tokenizer_name or "an unnamed tokenizer"
+    same = ("; both have that name, but their vocabularies or special tokens differ (a "
+            "token added, or a special token set, on one of them after loading: the name "
+            "lists tokens added with add_special_tokens/add_tokens)"
+            if theirs == own.name else "")
     return (f"{what} {'were' if plural else 'was'} tokenized by {theirs!r} (tokenizer "
             f"fingerprint {t.tokenizer_fingerprint}), not by {whose} {own.name!r} "
-            f"(fingerprint {own.fingerprint}): {'their' if plural else 'its'} token ids "
+            f"(fingerprint {own.fingerprint}){same}: {'their' if plural else 'its'} token ids "
             "would be other tokens to the model. Build the trials with the model's tokenizer "
             "(Trial.from_text(model, ...), locos_tl.build_nolima_trials(model, ...), `locos "
             "build-trials ... --tokenizer DIR`); organism trials (locos_tl.organisms."

@@ -108,6 +108,44 @@ def test_bridge_tokenizer_has_its_checkpoint_fingerprint(organism, tiny_dirs, ti
     assert model_tokenizer_identity(SimpleNamespace(cfg=None)) is None  # no tokenizer
 
 
+def test_a_token_added_to_the_model_tokenizer_counts(tiny_dirs):
+    """A special token added to a bridge's tokenizer at run time (to mark documents) is
+    encoded whole and changes the fingerprint; trials made before the change are refused
+    with a message naming the added token, those made after run, as do trials made by
+    the checkpoint's tokenizer given the same token."""
+    from transformers import AutoTokenizer
+
+    from locos_tl.models.load import load_model
+
+    model = load_model(tiny_dirs["qwen3"], device="cpu")  # its own: the test changes it
+    prompt, needle = "<doc> Ann sat. <doc> Yuki lives here. <doc> end", "Yuki lives here."
+    before = Trial.from_text(model, prompt, needle, "Yuki")
+    size = len(model.tokenizer)
+    model.tokenizer.add_special_tokens({"additional_special_tokens": ["<doc>"]})
+    assert tokenizer_fingerprint(model) != before.tokenizer_fingerprint
+    after = Trial.from_text(model, prompt, needle, "Yuki")
+    assert model.tokenizer.convert_tokens_to_ids("<doc>") == size
+    assert after.tokens.count(size) == 3 and len(after.tokens) < len(before.tokens)
+    assert after.tokenizer_name == f"{tiny_dirs['qwen3']} + added '<doc>'"
+    plain = AutoTokenizer.from_pretrained(tiny_dirs["qwen3"])
+    plain.add_special_tokens({"additional_special_tokens": ["<doc>"]})
+    same = Trial.from_text(plain, prompt, needle, "Yuki")
+    assert (same.tokens, same.tokenizer_fingerprint, same.tokenizer_name) == (
+        after.tokens, after.tokenizer_fingerprint, after.tokenizer_name)
+    check_trials_tokenizer(model, [after, same])
+    with pytest.raises(TrialError) as exc:
+        check_trials_tokenizer(model, [before])
+    msg = str(exc.value)
+    assert (f"{str(tiny_dirs['qwen3'])!r} (tokenizer fingerprint {before.tokenizer_fingerprint})"
+            f", not by the model's tokenizer {after.tokenizer_name!r} (fingerprint "
+            f"{after.tokenizer_fingerprint})") in msg
+    # the same name, other special tokens: the message says so
+    plain.pad_token = "<doc>"
+    with pytest.raises(TrialError, match="both have that name, but their vocabularies or "
+                                         "special tokens differ"):
+        check_trials_tokenizer(SimpleNamespace(tokenizer=plain), [after])
+
+
 def test_every_builder_records_its_tokenizer(organism_trials, qwen3):
     for t in organism_trials:
         assert (t.tokenizer_fingerprint, t.tokenizer_name) == (
