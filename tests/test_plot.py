@@ -52,6 +52,78 @@ def test_head_heatmap_side_by_side_shares_scale(data):
     assert norm.layout.coloraxis.cmax == pytest.approx(1.0)
 
 
+def _drawn(fig, i=0):
+    """``z`` and the hover's head labels of the ``i``-th heatmap."""
+    tr = fig.data[i]
+    return np.asarray(tr.z, dtype=float), np.asarray(tr.customdata)[..., 0]
+
+
+def test_head_heatmap_takes_tensor_array_and_frames(data):
+    """A raw tensor, an array, ``to_frame()``'s long form and a wide layer x head frame
+    draw the same map as the HeadScores, with the same head labels."""
+    hs = data.scores["locos"]
+    want = hs.scores.numpy()
+    labels = np.array([[f"L{l}H{h}" for h in range(N_HEADS)] for l in range(N_LAYERS)])
+    wide = hs.to_frame().pivot(index="layer", columns="head", values="score")
+    inputs = {"tensor": hs.scores, "array": want, "long": hs.to_frame(), "wide": wide}
+    for kind, x in inputs.items():
+        fig = plot.head_heatmap(x)
+        z, lab = _drawn(fig)
+        np.testing.assert_array_equal(z, want, err_msg=kind)
+        assert (lab == labels).all(), kind
+        assert fig.layout.yaxis.autorange == "reversed"
+    low, high = (t.numpy() for t in hs.ci)
+    custom = np.asarray(plot.head_heatmap(hs.to_frame()).data[0].customdata)
+    assert float(custom[2, 3, 2]) == pytest.approx(low[2, 3], rel=1e-3)  # CI from the frame
+    assert float(custom[2, 3, 3]) == pytest.approx(high[2, 3], rel=1e-3)
+    assert plot.head_heatmap(hs.to_frame()).layout.title.text == (
+        f"locos head scores ({hs.n_trials} trials)")
+    assert np.asarray(plot.head_heatmap(hs.scores).data[0].customdata)[2, 3, 2] == "n/a"
+    # a wide frame of only some layers keeps their numbers (the rest are empty rows)
+    z, lab = _drawn(plot.head_heatmap(wide.loc[[1, 3]]))
+    assert z.shape == (4, N_HEADS) and np.isnan(z[[0, 2]]).all()
+    np.testing.assert_array_equal(z[3], want[3])
+    # names: a dict's keys; a long frame of several methods is one map per method
+    both = pd.concat([hs.to_frame(), data.scores["wu"].to_frame()])
+    fig = plot.head_heatmap(both)
+    assert [t.name for t in fig.data] == ["locos", "wu"]
+    np.testing.assert_array_equal(_drawn(fig, 1)[0], data.scores["wu"].scores.numpy())
+    fig = plot.head_heatmap({"mine": hs.scores, "wu": data.scores["wu"]})
+    assert [t.name for t in fig.data] == ["mine", "wu"]
+    with pytest.raises(ValueError, match=r"\[n_layers, n_heads\].*shape \(4,\)"):
+        plot.head_heatmap(hs.scores[0])
+    with pytest.raises(ValueError, match=r"L0H\d appears twice \(row \d+\)"):
+        plot.head_heatmap(hs.to_frame().assign(layer=0))
+    with pytest.raises(ValueError, match="not numeric"):
+        plot.head_heatmap(hs.to_frame()[["label", "score"]])
+
+
+def test_head_heatmap_scale_shared_or_per_map(data):
+    """``scale="shared"``: every map in its own units on one colour scale; ``"per_map"``:
+    each map divided by its own max |score|, which its subplot title gives. The colour
+    bar says which."""
+    a, b = data.scores["locos"], data.scores["attention_spatial"]
+    za, zb = a.scores.numpy(), b.scores.numpy()
+    ma, mb = np.nanmax(np.abs(za)), np.nanmax(np.abs(zb))
+    shared = plot.head_heatmap([a, b], scale="shared")
+    np.testing.assert_array_equal(_drawn(shared, 1)[0], zb)
+    assert shared.layout.coloraxis.cmax == pytest.approx(max(ma, mb))
+    assert shared.layout.coloraxis.colorbar.title.text == "score, one scale for all maps"
+    per = plot.head_heatmap([a, b], scale="per_map")
+    np.testing.assert_allclose(_drawn(per, 0)[0], za / ma, rtol=1e-12)
+    np.testing.assert_allclose(_drawn(per, 1)[0], zb / mb, rtol=1e-12)
+    assert per.layout.coloraxis.cmax == 1.0
+    assert per.layout.coloraxis.colorbar.title.text == "score / the map's own max |score|"
+    assert [ann.text.split("<br>")[1] for ann in per.layout.annotations] == [
+        f"max |score| {ma:.4g}", f"max |score| {mb:.4g}"]
+    assert float(np.asarray(per.data[1].customdata)[2, 3, 1]) == pytest.approx(
+        zb[2, 3], rel=1e-3)  # hover keeps the score in its own units
+    old = plot.head_heatmap([a, b], normalize=True)
+    np.testing.assert_array_equal(_drawn(old, 1)[0], _drawn(per, 1)[0])
+    with pytest.raises(ValueError, match="contradicts scale='shared'"):
+        plot.head_heatmap([a, b], normalize=True, scale="shared")
+
+
 def test_layer_distribution(data):
     hs = data.scores["locos"]
     k = 5

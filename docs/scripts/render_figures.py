@@ -79,9 +79,10 @@ def organism_figures() -> dict[str, Any]:
     non = abl["nonliteral"]
     return {
         "head_heatmap": plot.head_heatmap([s["locos"], s["wu"], s["attention_spatial"]],
-                                          normalize=True,
+                                          scale="per_map",
                                           title=f"{Path(path).name}, non-literal trials, "
-                                                f"{n_tokens} tokens"),
+                                                f"{n_tokens} tokens: each map divided by "
+                                                "its own max |score|"),
         "layer_distribution": plot.layer_distribution([s["locos"], s["wu"], cri], k=4),
         "ablation_curves": plot.ablation_curves(
             non[non.metric == "rougeL"],
