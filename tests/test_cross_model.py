@@ -2,9 +2,15 @@
 differs from the base in MLP weights only: every MLP write at every position and layer
 gives the donor's logits; none gives the base's; writes after a position leave it alone;
 the references are margin.py's own margins; the summary's intervals are
-``bootstrap_ci``'s; clear errors."""
+``bootstrap_ci``'s; clear errors. Donors with the same weights but another config outside
+the MLPs (RoPE, sliding window, norm eps) are refused naming the field; harmless fields
+(``max_position_embeddings``, the MLP activation) keep the identity."""
 
 from __future__ import annotations
+
+import copy
+import json
+import shutil
 
 import numpy as np
 import pytest
@@ -15,6 +21,7 @@ from locos_tl import Trial, load_model
 from locos_tl.errors import LocosError, TrialError
 from locos_tl.experiments.cross_model import (
     COLUMNS,
+    config_differences,
     mlp_patch_logits,
     mlp_patching,
     summarize_mlp_patching,
@@ -36,16 +43,30 @@ def pair(tiny_models, tiny_dirs):
 
     def get(arch):
         if arch not in cache:
-            donor = load_model(tiny_dirs[arch], device="cpu")
-            g = torch.Generator().manual_seed(0)
-            with torch.no_grad():
-                for name, p in donor.original_model.named_parameters():
-                    if ".mlp." in name:
-                        p.add_(0.3 * torch.randn(p.shape, generator=g))
-            cache[arch] = (tiny_models(arch), donor)
+            cache[arch] = (tiny_models(arch), _perturb_mlps(load_model(tiny_dirs[arch],
+                                                                       device="cpu")))
         return cache[arch]
 
     return get
+
+
+def _perturb_mlps(model):
+    """``model`` with every MLP weight perturbed in place (seeded)."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.original_model.named_parameters():
+            if ".mlp." in name:
+                p.add_(0.3 * torch.randn(p.shape, generator=g))
+    return model
+
+
+def _reconfigured(src, dest, **fields):
+    """The checkpoint ``src`` (weights, tokenizer) copied to ``dest`` with ``fields`` of
+    its ``config.json`` replaced, loaded."""
+    shutil.copytree(src, dest)
+    cfg = json.loads((dest / "config.json").read_text())
+    (dest / "config.json").write_text(json.dumps({**cfg, **fields}))
+    return load_model(dest, device="cpu")
 
 
 def _trial(model, i=0, question=True, distractors=("Stuart", "Katie", "Megan")):
@@ -203,3 +224,70 @@ def test_errors(pair, tiny_models, tiny_dirs, tmp_path):
         other.original_model.model.layers[0].self_attn.q_proj.weight.mul_(2)
     with pytest.warns(RuntimeWarning, match="outside the MLPs"):
         mlp_patching(base, other, [t], positions=["needle"], progress=False)
+
+
+LLAMA_ROPE = {"rope_theta": 10000.0, "rope_type": "default"}  # the tiny checkpoints'
+GEMMA_SLIDING_ROPE = {"rope_theta": 10000.0, "rope_type": "default"}
+GEMMA_FULL_ROPE = {"rope_theta": 1000000.0, "rope_type": "default"}
+
+
+@pytest.mark.parametrize("arch, fields, named", [
+    ("llama", {"rope_parameters": {**LLAMA_ROPE, "rope_theta": 40000.0}},
+     r"rope_parameters\.rope_theta: 10000\.0 vs 40000\.0"),
+    ("llama", {"rope_parameters": {**LLAMA_ROPE, "rope_type": "linear", "factor": 2.0}},
+     r"rope_parameters\.factor: absent vs 2\.0; rope_parameters\.rope_type: 'default' vs "
+     r"'linear'"),
+    ("gemma3", {"rope_parameters": {"full_attention": GEMMA_FULL_ROPE, "sliding_attention":
+                                    {**GEMMA_SLIDING_ROPE, "rope_theta": 40000.0}}},
+     r"rope_parameters\.sliding_attention\.rope_theta: 10000\.0 vs 40000\.0"),
+    ("gemma3", {"sliding_window": 8}, r"sliding_window: 512 vs 8"),
+    ("llama", {"rms_norm_eps": 0.1}, r"rms_norm_eps: 1e-06 vs 0\.1"),
+], ids=["rope_theta", "rope_scaling", "nested_rope_theta", "sliding_window", "rms_norm_eps"])
+def test_configs_differing_outside_the_mlps_are_refused(tiny_models, tiny_dirs, tmp_path,
+                                                        arch, fields, named):
+    base = tiny_models(arch)
+    donor = _reconfigured(tiny_dirs[arch], tmp_path / "donor", **fields)  # same weights
+    t = _trial(base)
+    tokens = torch.tensor([list(t.tokens)])
+    # the field alone changes the forward: no MLP patch can reproduce this donor
+    plain = _logits(base, tokens)
+    tol = model_tol(base, plain, n_tokens=t.n_tokens)
+    assert float((_logits(donor, tokens) - plain).abs().max()) > 100 * tol
+    with pytest.raises(LocosError, match=named):
+        mlp_patching(base, donor, [t], positions=["needle"], progress=False)
+    with pytest.raises(LocosError, match=named):
+        mlp_patch_logits(base, donor, tokens, range(t.n_tokens))
+
+
+@pytest.mark.parametrize("fields", [{"max_position_embeddings": 1024},
+                                    {"hidden_act": "gelu_pytorch_tanh"}],
+                         ids=["max_position_embeddings", "mlp_activation"])
+def test_harmless_config_differences_keep_the_identity(tiny_models, tiny_dirs, tmp_path,
+                                                       fields):
+    base = tiny_models("llama")
+    donor = _perturb_mlps(_reconfigured(tiny_dirs["llama"], tmp_path / "donor", **fields))
+    tokens = torch.tensor([list(_trial(base).tokens)])
+    n = tokens.shape[1]
+    want = _logits(donor, tokens)
+    assert float((want - _logits(base, tokens)).abs().max()) > 1.0
+    tol = model_tol(base, want, n_tokens=n)
+    assert_close_within(mlp_patch_logits(base, donor, tokens, range(n)), want, tol, "all")
+
+
+def test_config_differences_rule(tiny_models):
+    a = tiny_models("llama").original_model.config
+    b = copy.deepcopy(a)
+    b._name_or_path, b.transformers_version, b.dtype = "elsewhere", "9.9.9", "bfloat16"
+    b.max_position_embeddings = 1024
+    assert config_differences(a, b) == []
+    assert config_differences(a, b, n_tokens=512) == []
+    assert config_differences(a, b, n_tokens=513) == [
+        "max_position_embeddings: 512 vs 1024 (below the 513-token sequence)"]
+    b.rope_parameters = {**LLAMA_ROPE, "rope_type": "dynamic", "factor": 2.0}
+    assert config_differences(a, b) == [
+        "max_position_embeddings: 512 vs 1024 (RoPE type ['default', 'dynamic'] reads it)",
+        "rope_parameters.factor: absent vs 2.0",
+        "rope_parameters.rope_type: 'default' vs 'dynamic'"]
+    c = copy.deepcopy(a)
+    c.some_new_knob = 3  # unknown: refused by default
+    assert config_differences(a, c) == ["some_new_knob: absent vs 3"]

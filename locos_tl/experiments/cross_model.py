@@ -3,6 +3,8 @@ fine-tuned model's MLP change make its answer?
 
 A *donor* is the *base* with other MLP weights (the elicited ``smollm2-135m-nolima``:
 SmolLM2-135M-Instruct with LoRA-merged MLPs, attention, norms and embeddings bit-equal).
+Its config must agree with the base's on everything outside the MLPs that computes (RoPE,
+sliding windows, norm eps, attention scaling, ...; :func:`config_differences`).
 For a distractor trial, run the donor on the teacher-forced batch of
 :func:`locos_tl.experiments.margin.name_logprobs` (prompt + each candidate name) and keep
 every layer's MLP write into the residual stream, ``blocks.{l}.hook_mlp_out`` (after a
@@ -36,7 +38,7 @@ Cost per trial: ``2 + n_sets * (1 + n_layers with layers="each")`` forwards of a
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
@@ -60,16 +62,102 @@ COLUMNS = ["trial_id", "positions", "layer", "n_positions", "margin", "target_lo
            "base_margin", "base_target_logprob", "donor_margin", "donor_target_logprob",
            "recovered"]
 HookFn = Callable[[Tensor, Any], Tensor | None]
+#: Hugging Face config fields (at any nesting level) in which a donor may differ from its
+#: base: provenance and dtype labels (the weights are compared themselves), output flags,
+#: special-token ids (the tokenizers are compared themselves), the init scale, and the MLP
+#: activation (the patched write replaces what the MLP computes). Every other difference,
+#: a field unknown here included, is refused by :func:`config_differences`.
+HARMLESS_FIELDS = frozenset({
+    "_name_or_path", "_model_name_or_path", "_commit_hash", "transformers_version",
+    "architectures", "dtype", "torch_dtype",
+    "use_cache", "output_attentions", "output_hidden_states", "return_dict",
+    "id2label", "label2id", "problem_type",
+    "bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id",
+    "initializer_range",
+    "hidden_act", "hidden_activation",
+})
+#: RoPE types whose frequencies do not read ``max_position_embeddings`` (transformers
+#: ``modeling_rope_utils``; "dynamic", "yarn" and "longrope" scale by it).
+ROPE_WITHOUT_MAX_POSITIONS = frozenset({"default", "linear"})
+_ABSENT = object()
 
 
-def check_pair(base: Any, donor: Any) -> None:
-    """Refuse two bridges that are not the same architecture and tokenizer; warn when
-    weights outside the MLPs differ (patching every MLP write then cannot reproduce the
-    donor).
+def _leaves(d: Mapping[Any, Any], path: tuple[str, ...] = ()) -> dict[tuple[str, ...], Any]:
+    """Every non-dict value of a nested dict, keyed by its path of keys."""
+    out: dict[tuple[str, ...], Any] = {}
+    for k, v in d.items():
+        if isinstance(v, Mapping) and v:
+            out.update(_leaves(v, (*path, str(k))))
+        else:
+            out[(*path, str(k))] = v
+    return out
+
+
+def _rope_types(leaves: dict[tuple[str, ...], Any]) -> set[Any]:
+    return {v for p, v in leaves.items()
+            if p[-1] == "rope_type" or p[-2:] == ("rope_scaling", "type")} or {"default"}
+
+
+def config_differences(base_config: Any, donor_config: Any,
+                       n_tokens: int | None = None) -> list[str]:
+    """The differences between two Hugging Face configs that may change what attention, the
+    norms or the positions compute, so that patching every MLP write could not reproduce
+    the donor.
+
+    A field may differ when it is in :data:`HARMLESS_FIELDS` (or nested under one), and
+    ``max_position_embeddings`` when every RoPE type of both is in
+    :data:`ROPE_WITHOUT_MAX_POSITIONS` and both are at least ``n_tokens`` (when given);
+    anything else is a difference, a field present in one config only included.
+
+    Args:
+        base_config, donor_config: ``PretrainedConfig`` objects (``model.config``).
+        n_tokens: the longest sequence the pair will run, tokens.
+
+    Returns:
+        One ``"field: base value vs donor value"`` string per difference, nested fields
+        dotted (``rope_parameters.sliding_attention.rope_theta``), sorted; empty when the
+        configs agree on everything that computes.
+    """
+    a, b = _leaves(base_config.to_dict()), _leaves(donor_config.to_dict())
+    rope = _rope_types(a) | _rope_types(b)
+    out = []
+    for path in sorted(a.keys() | b.keys()):
+        x, y = a.get(path, _ABSENT), b.get(path, _ABSENT)
+        if x == y or HARMLESS_FIELDS.intersection(path):
+            continue
+        why = ""
+        if path[-1] == "max_position_embeddings":
+            if not rope <= ROPE_WITHOUT_MAX_POSITIONS:
+                why = f" (RoPE type {sorted(map(str, rope))} reads it)"
+            elif not all(isinstance(v, int) for v in (x, y)):
+                why = " (absent on one side)"
+            elif n_tokens is not None and n_tokens > min(x, y):
+                why = f" (below the {n_tokens}-token sequence)"
+            else:
+                continue
+        show = ["absent" if v is _ABSENT else repr(v) for v in (x, y)]
+        out.append(f"{'.'.join(path)}: {show[0]} vs {show[1]}{why}")
+    return out
+
+
+def check_pair(base: Any, donor: Any, n_tokens: int | None = None) -> None:
+    """Refuse two bridges that are not the same architecture and tokenizer, or whose
+    configs differ in what attention, the norms or the positions compute
+    (:func:`config_differences`: RoPE theta or scaling, sliding windows and layer types,
+    norm eps, attention scaling, softcapping, ...); warn when weights outside the MLPs
+    differ (patching every MLP write then cannot reproduce the donor either). Runs no
+    forward pass.
+
+    Args:
+        base, donor: TransformerBridges.
+        n_tokens: the longest sequence the pair will run, tokens (for
+            ``max_position_embeddings``).
 
     Raises:
         LocosError: other model classes, configuration dimensions, parameter names or
-            shapes, or tokenizers (the message names the first difference).
+            shapes, or tokenizers (the message names the first difference); configs that
+            differ outside :data:`HARMLESS_FIELDS` (the message names every such field
+            with both values).
     """
     a, b = base.original_model, donor.original_model
     if type(a) is not type(b):
@@ -91,6 +179,10 @@ def check_pair(base: Any, donor: Any) -> None:
     if tokenizer_fingerprint(base.tokenizer) != tokenizer_fingerprint(donor.tokenizer):
         raise LocosError("base and donor have other tokenizers: the same ids would be "
                          "other tokens")
+    diff = config_differences(a.config, b.config, n_tokens)
+    if diff:
+        raise LocosError("base and donor configs differ outside the MLPs, so patching every "
+                         "MLP write cannot reproduce the donor: " + "; ".join(diff))
     other = [n for n in pa if ".mlp." not in n and pa[n] is not pb[n]
              and not torch.equal(pa[n].detach().cpu(), pb[n].detach().cpu())]
     if other:
@@ -141,7 +233,7 @@ def mlp_patch_logits(
         LocosError: :func:`check_pair`.
         ValueError: a position outside ``tokens``.
     """
-    check_pair(base, donor)
+    check_pair(base, donor, int(tokens.shape[1]))
     L = int(base.cfg.n_layers)
     layers = list(range(L)) if layers is None else [int(l) for l in layers]
     bad = [p for p in positions if not 0 <= int(p) < tokens.shape[1]]
@@ -217,8 +309,9 @@ def mlp_patching(
 
     Args:
         base: a TransformerBridge.
-        donor: a TransformerBridge of the same architecture and tokenizer (the elicited
-            model; ideally differing from ``base`` in MLP weights only).
+        donor: a TransformerBridge of the same architecture, tokenizer and config up to
+            :data:`HARMLESS_FIELDS` (the elicited model; ideally differing from ``base``
+            in MLP weights only).
         trials: distractor trials (``meta["distractor_names"]``; "question" needs a
             question, :func:`~locos_tl.experiments.qrhead.question_span`).
         positions: position sets: labels of :data:`POSITION_LABELS` or ``(start, end)``
@@ -242,9 +335,9 @@ def mlp_patching(
         raise ValueError(f"unknown layers {layers!r}; use 'all' or 'each'")
     if isinstance(positions, str):
         raise ValueError(f"positions must be a list of position sets, e.g. [{positions!r}]")
-    check_pair(base, donor)
     trials = as_trial_list(trials, "mlp_patching")
     check_trials_fit(base, trials, 1)
+    check_pair(base, donor, max((t.n_tokens for t in trials), default=None))
     rows: list[dict[str, Any]] = []
     for t in tqdm(trials, desc="MLP patching", unit="trial", disable=not progress):
         rows += patch_trial(base, donor, t, list(positions), layers)
