@@ -90,7 +90,10 @@ def _paired(published: Path, new: Path, trials: list, k: int):
 
     pub = load_evaluation(published, trials, per_trial=True)
     ours = load_evaluation(new, trials, per_trial=True)
-    recs = pd.concat([pub, ours[ours["method"].isin(NEW)]], ignore_index=True)
+    # one record per cell: the new rankings from this script only (paired_tests refuses
+    # a record held twice, as a run that already has them would give)
+    recs = pd.concat([pub[~pub["method"].isin(NEW)], ours[ours["method"].isin(NEW)]],
+                     ignore_index=True)
     return pd.concat([lt.paired_tests(recs, a, b, k=k) for a, b in PAIRS], ignore_index=True)
 
 

@@ -23,6 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from locos_tl.errors import DataFormatError, NoAcceptedTrialError
+from locos_tl.experiments.stats import check_confidence
 from locos_tl.head_spec import HeadSpecError, as_count
 
 Head = tuple[int, int]
@@ -113,13 +114,22 @@ class HeadScores:
         return self.bootstrap_ci()
 
     def bootstrap_ci(
-        self, n_resamples: int = 1000, level: float = 0.95
+        self, n_resamples: int = 1000, level: float | int = 0.95
     ) -> tuple[Float[Tensor, "n_layers n_heads"], Float[Tensor, "n_layers n_heads"]]:
         """Percentile bootstrap CI of the mean over trials.
 
+        Args:
+            n_resamples: bootstrap resamples (seeded by :attr:`seed`).
+            level: confidence level in (0, 1), e.g. 0.95.
+
         Returns:
             ``(low, high)``, each ``[n_layers, n_heads]``; NaN with fewer than 2 trials.
+
+        Raises:
+            ValueError: ``level`` is not a level in (0, 1)
+                (:func:`locos_tl.experiments.stats.check_confidence`).
         """
+        level = check_confidence(level, "level")
         n = self.n_trials
         shape = (self.n_layers, self.n_heads)
         if n < 2:

@@ -59,3 +59,18 @@ def test_pairs_on_the_same_trials_and_pool_random_seeds():
     assert row["p_wilcoxon"] == pytest.approx(wilcoxon(loc["name_margin"] - margin).pvalue)
     assert row["name_margin_against"] == pytest.approx(margin.mean())
     assert table.loc[("locos", "wu_nolima", 5), "p_mcnemar"] < 0.05  # 0.2 against 0.7
+
+
+def test_the_table_refuses_concatenated_sweeps_and_ties_random_seeds_equal_to_a_ranking():
+    values = _values(np.random.default_rng(0))
+    with pytest.raises(ValueError, match=r"200 \(trial, method, k, seed, metric\) record\(s\) "
+                       r"occur in more than one row \(400 rows\): \(trial 't0', method "
+                       r"'locos', k 5, seed 0, metric 'contains'\) x2"):
+        paired_table(pd.concat([values, values], ignore_index=True))
+    # random heads whose every seed answers as LOCOS does (margins 0.1 * i: (3u)/3 != u)
+    locos = values[values["method"] == "locos"].assign(
+        value=lambda d: np.where(d["metric"] == "name_margin",
+                                 0.1 * d["trial"].str[1:].astype(int), d["value"]))
+    same = pd.concat([locos, *(locos.assign(method="random", seed=s) for s in (0, 1, 2))])
+    row = paired_table(same, [("locos", "random")]).iloc[0]
+    assert (row["p_mcnemar"], row["p_wilcoxon"]) == (1.0, 1.0)

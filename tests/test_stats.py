@@ -5,12 +5,14 @@ reproduced from its records, and the bootstrap the protocol shares."""
 from __future__ import annotations
 
 import json
+import re
 from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import torch
 from scipy.stats import binomtest, wilcoxon
 
 from locos_tl.experiments.stats import bootstrap_ci, paired_tests
@@ -58,11 +60,79 @@ def test_paired_tests_refuse_what_has_no_pairs():
         paired_tests(records.drop(columns="trial"), "a", "b")
     apart = records.assign(trial=np.where(records["method"] == "b", "u" + records["trial"],
                                           records["trial"]))
-    with pytest.raises(ValueError, match="no pairs"):
+    with pytest.raises(ValueError, match=r"'a' seed 0 lacks 10 \(ut0, ut1, ut2, \.\.\. "
+                       r"\(7 more\)\); 'b' seed 0 lacks 10 \(t0, t1, t2, \.\.\."):
         paired_tests(apart, "a", "b")
     elsewhere = records.assign(k=np.where(records["method"] == "b", 10, 5))
     with pytest.raises(ValueError, match="no pairs"):
         paired_tests(elsewhere, "a", "b")
+
+
+def test_paired_tests_refuse_records_held_twice():
+    """Two sweeps' records concatenated: two rows per trial, refused by name (a mean of
+    the two would read a ``contains`` of 0.5 as correct and count each trial once)."""
+    records, _ = _records()
+    twice = pd.concat([records, records], ignore_index=True)
+    with pytest.raises(ValueError, match=r"40 \(trial, method, k, seed, metric\) record\(s\) "
+                       r"occur in more than one row \(80 rows\): \(trial 't0', method 'a', "
+                       r"k 5, seed 0, metric 'contains'\) x2, \(trial 't1'.*\(37 more\)"):
+        paired_tests(twice, "a", "b")
+    # a resumed run's second half beside its first: other values for the same records
+    resumed = pd.concat([records, records[records["trial"] == "t2"].assign(value=1.0)])
+    with pytest.raises(ValueError, match=r"^paired_tests: 4 .*\(trial 't2', method 'a', k 5, "
+                       r"seed 0, metric 'contains'\) x2, \(trial 't2', method 'a', k 5, "
+                       r"seed 0, metric 'name_margin'\) x2, "):
+        paired_tests(resumed, "a", "b")
+
+
+@pytest.mark.parametrize("value", [0.5, float("nan"), 2.0])
+def test_paired_tests_refuse_a_contains_that_is_not_0_or_1(value):
+    records, _ = _records()
+    cell = (records["method"] == "b") & (records["metric"] == "contains")
+    bad = records.assign(value=records["value"].mask(cell & (records["trial"] == "t3"), value))
+    with pytest.raises(ValueError, match=rf"1 'contains' record\(s\) are not 0 or 1: \(trial "
+                       rf"'t3', method 'b', k 5, seed 0\) {value}\."):
+        paired_tests(bad, "a", "b")
+
+
+def test_paired_tests_refuse_different_trials_by_name():
+    """Pairs are by trial id: a side (or a seed of ``b``) lacking trials is an error that
+    names them, not an inner join."""
+    records, _ = _records()
+    fewer = records[~((records["method"] == "b") & records["trial"].isin(["t8", "t9"]))]
+    with pytest.raises(ValueError, match=r"at k=5 the 'contains' records of 'a' and 'b' are "
+                       r"not over the same trials: 'b' seed 0 lacks 2 \(t8, t9\)\. "):
+        paired_tests(fewer, "a", "b")
+    both = fewer[~((fewer["method"] == "a") & (fewer["trial"] == "t0"))]
+    with pytest.raises(ValueError, match=r"'a' seed 0 lacks 1 \(t0\); 'b' seed 0 lacks 2 "
+                       r"\(t8, t9\)"):
+        paired_tests(both, "a", "b")
+    # a second seed of b over fewer trials than its first
+    seed1 = records[(records["method"] == "b") & (records["trial"] != "t4")].assign(seed=1)
+    with pytest.raises(ValueError, match=r"'b' seed 1 lacks 1 \(t4\)\. "):
+        paired_tests(pd.concat([records, seed1]), "a", "b")
+    # the name margin, where both have one, on the same trials as well
+    no_margin = (records["method"] == "a") & (records["metric"] == "name_margin")
+    with pytest.raises(ValueError, match=r"the 'name_margin' records of 'a' and 'b' are not "
+                       r"over the same trials: 'a' seed 0 lacks 1 \(t5\)"):
+        paired_tests(records[~(no_margin & (records["trial"] == "t5"))], "a", "b")
+
+
+def test_identical_rankings_give_p_1_exactly():
+    """A ranking against three seeds equal to itself: no difference, p = 1 for both tests,
+    though ``(u + u + u) / 3 != u`` in floating point for some of the margins."""
+    contains = [1, 0, 1, 1, 0, 1, 0, 1, 1, 1]
+    margins = [0.1 + 0.2, 0.1, 0.36, 0.95, -0.7, 0.35, 2.675, -0.74, 1.35, 0.05]
+    assert sum((u + u + u) / 3 != u for u in margins) >= 5  # the case this tests
+    rows = [{"method": m, "k": 5, "seed": s, "trial": f"t{i}", "metric": metric,
+             "value": float(v[i])}
+            for m, seeds in (("locos", [0]), ("random", [0, 1, 2])) for s in seeds
+            for metric, v in (("contains", contains), ("name_margin", margins))
+            for i in range(10)]
+    row = paired_tests(pd.DataFrame(rows), "locos", "random").iloc[0]
+    assert row["p_mcnemar"] == 1.0 and row["p_wilcoxon"] == 1.0
+    assert (row["n_only_a"], row["n_only_b"], row["n_pairs_margin"]) == (0, 0, 10)
+    assert row["name_margin_against"] == row["name_margin"] == np.mean(margins)
 
 
 def test_protocol_bootstrap_is_the_public_one():
@@ -73,6 +143,55 @@ def test_protocol_bootstrap_is_the_public_one():
     lo, hi = bootstrap_ci(v, 0.5)
     assert bootstrap_ci(v)[0] <= lo < v.mean() < hi <= bootstrap_ci(v)[1]
     assert bootstrap_ci(np.ones(4)) == (1.0, 1.0)
+
+
+def _mlp_table() -> pd.DataFrame:
+    """:func:`summarize_mlp_patching`'s input: one position set and layer, 6 trials."""
+    from locos_tl.experiments.cross_model import COLUMNS
+
+    rng = np.random.default_rng(2)
+    return pd.DataFrame({c: rng.normal(size=6) for c in COLUMNS}).assign(
+        trial_id=[f"t{i}" for i in range(6)], positions="all", layer=0, n_positions=3)
+
+
+@pytest.mark.parametrize("level", [95, -0.5, 0, 1, float("nan"), True], ids=repr)
+def test_every_confidence_level_is_checked_one_way(level):
+    """Each public function taking a confidence level refuses one outside (0, 1) with the
+    same ValueError (95 gave NaN bounds, -0.5 an inverted interval)."""
+    from locos_tl.experiments.cross_model import summarize_mlp_patching
+    from locos_tl.experiments.evaluate import ablation_sweep
+    from locos_tl.experiments.stats import check_confidence
+    from locos_tl.heads import HeadScores
+
+    def message(name: str) -> str:
+        return re.escape(f"{name} must be a confidence level in (0, 1), such as 0.95; "
+                         f"got {level!r}")
+
+    v = np.random.default_rng(1).random(30)
+    with pytest.raises(ValueError, match=message("confidence")):
+        check_confidence(level)
+    with pytest.raises(ValueError, match=message("confidence")):
+        bootstrap_ci(v, level)
+    with pytest.raises(ValueError, match=message("confidence")):
+        bootstrap_ci(np.ones(3), confidence=level)  # no resampling needed: still checked
+    with pytest.raises(ValueError, match=message("confidence")):
+        summarize_mlp_patching(_mlp_table(), confidence=level)
+    scores = HeadScores("locos", torch.randn(5, 2, 3, generator=torch.Generator().manual_seed(0)))
+    with pytest.raises(ValueError, match=message("level")):
+        scores.bootstrap_ci(level=level)
+    with pytest.raises(ValueError, match=message("ci")):  # checked before any model work
+        ablation_sweep(None, [], {}, ci=level)
+
+
+def test_a_confidence_level_in_range_is_used():
+    from locos_tl.experiments.cross_model import summarize_mlp_patching
+    from locos_tl.experiments.stats import check_confidence
+
+    assert check_confidence(np.float64(0.9)) == 0.9 and check_confidence(0.5, "ci") == 0.5
+    df = _mlp_table()
+    row = summarize_mlp_patching(df, confidence=0.9).iloc[0]
+    assert (row["margin_low"], row["margin_high"]) == bootstrap_ci(df["margin"], 0.9)
+    assert row["margin_low"] < row["margin"] < row["margin_high"]
 
 
 def test_exported():
@@ -87,25 +206,26 @@ def published_onehop():
     """The published SmolLM2 (NoLiMa organism) one-hop sweep's per-trial records,
     scored on its trials rebuilt as the protocol's ``trials`` stage does (needs the
     model's tokenizer in the local cache)."""
+    from test_real_models import require_fetched
+
     from locos_tl.data import (
         build_nolima_trials,
         expand_needle_set,
         load_haystacks,
         load_needle_set,
     )
+    from locos_tl.data.hub import load_tokenizer
     from locos_tl.data.packaged import resolve_data_dir
     from locos_tl.data.prompt import PromptBuilder
     from locos_tl.experiments.protocol.common import EVAL_DEPTHS, EVAL_SEED, _names
     from locos_tl.experiments.protocol.stages import needle_sets
     from locos_tl.experiments.run_table import load_evaluation
+    from locos_tl.models.zoo import ELICITED_MODELS
 
     args = Namespace(**json.loads((PUBLISHED / "args.json").read_text()))
-    try:
-        from locos_tl.data.hub import load_tokenizer
-
-        tok = load_tokenizer(args.model)
-    except Exception as exc:  # noqa: BLE001  (not fetched here: nothing to compare)
-        pytest.skip(f"the {args.model} tokenizer is not available: {exc}")
+    elicited = ELICITED_MODELS.get(args.model)
+    require_fetched(elicited.base if elicited else args.model)  # the base's tokenizer
+    tok = load_tokenizer(args.model)
     books, _ = resolve_data_dir(None)
     hay = load_haystacks([books / "mohicans_part1.txt", books / "mohicans_part2.txt"])
     items = expand_needle_set(load_needle_set(needle_sets(args)[1]), ["onehop"])

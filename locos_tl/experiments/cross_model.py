@@ -51,7 +51,7 @@ from tqdm.auto import tqdm
 from locos_tl.errors import LocosError, TrialError, warn_caller
 from locos_tl.experiments.margin import candidate_token_ids, margin_of_logprobs, name_logprobs
 from locos_tl.experiments.qrhead import question_span
-from locos_tl.experiments.stats import bootstrap_ci
+from locos_tl.experiments.stats import bootstrap_ci, check_confidence
 from locos_tl.runs.runner import check_trials_fit
 from locos_tl.tokenize import tokenizer_fingerprint
 from locos_tl.trials import Trial, as_span, as_trial_list
@@ -344,10 +344,15 @@ def mlp_patching(
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
-def summarize_mlp_patching(df: pd.DataFrame, confidence: float = 0.95,
+def summarize_mlp_patching(df: pd.DataFrame, confidence: float | int = 0.95,
                            seed: int = 0) -> pd.DataFrame:
     """Means over trials of :func:`mlp_patching`'s rows, per position set and layer, with
     percentile bootstrap intervals over trials (:func:`~locos_tl.experiments.stats.bootstrap_ci`).
+
+    Args:
+        df: :func:`mlp_patching`'s table.
+        confidence: confidence level of the intervals, in (0, 1), e.g. 0.95.
+        seed: bootstrap resampling seed.
 
     Returns:
         ``positions``, ``layer``, ``n_trials``; ``margin``, ``gain`` (patched minus base
@@ -360,7 +365,10 @@ def summarize_mlp_patching(df: pd.DataFrame, confidence: float = 0.95,
 
     Raises:
         TrialError: ``df`` lacks a column of :data:`COLUMNS`.
+        ValueError: ``confidence`` is not a level in (0, 1)
+            (:func:`~locos_tl.experiments.stats.check_confidence`).
     """
+    confidence = check_confidence(confidence)
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         raise TrialError(f"not an mlp_patching table: no column(s) {missing}")

@@ -61,6 +61,7 @@ from locos_tl.experiments.run_table import (
     record_jobs,
 )
 from locos_tl.experiments.score import check_trials_fit
+from locos_tl.experiments.stats import check_confidence
 from locos_tl.experiments.task_metrics import (
     Scorer,
     get_scorer,
@@ -110,7 +111,7 @@ def ablation_sweep(
     reuse_prefix: bool = True,
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
     stop_at_newline: bool | None = None,
-    ci: float | None = 0.95,
+    ci: float | int | None = 0.95,
     **legacy_ray: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
@@ -191,6 +192,8 @@ def ablation_sweep(
             first); a head set starting beyond it recomputes the prompt.
         stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
             (:func:`locos_tl.engine.stops.legacy_stop_rule`).
+        ci: confidence level of the bootstrap intervals over trials, in (0, 1), e.g.
+            0.95; None: no interval columns.
         **legacy_ray: deprecated Ray keywords (``ray_address``, ``pool``, ...), now in
             ``workers=`` (:func:`locos_tl.runs.distributed.workers.legacy_workers`).
 
@@ -203,7 +206,8 @@ def ablation_sweep(
 
     Raises:
         ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``; ``ci``
-            outside (0, 1);
+            not None nor a level in (0, 1)
+            (:func:`locos_tl.experiments.stats.check_confidence`);
             ``stop_at_newline=False`` beside a stop rule other than the default.
         TypeError: an unknown keyword; an old Ray keyword beside ``workers=RayWorkers``.
         HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
@@ -216,8 +220,8 @@ def ablation_sweep(
             trial set (with ``extend``: over a trial that is not in ``trials``).
     """
     mode = check_mode(mode)
-    if ci is not None and not 0 < ci < 1:
-        raise ValueError(f"ci must be a confidence level in (0, 1) or None, not {ci!r}")
+    if ci is not None:
+        ci = check_confidence(ci, "ci")
     unknown = sorted(set(legacy_ray) - set(LEGACY_RAY_OPTIONS))
     if unknown:
         raise TypeError(f"ablation_sweep() got unknown keyword(s) {unknown}")

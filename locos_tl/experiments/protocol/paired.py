@@ -11,6 +11,7 @@ import pandas as pd
 from locos_tl.experiments.stats import (  # noqa: F401  (mcnemar_p, wilcoxon_p: old path)
     _pair_row,
     _shared_ks,
+    check_records,
     mcnemar_p,
     wilcoxon_p,
 )
@@ -41,7 +42,12 @@ def paired_table(values: pd.DataFrame, pairs: Sequence[tuple[str, str]] = PAIRS
         alone), ``name_margin`` and ``name_margin_against`` (means, nats) and
         ``p_wilcoxon`` (against random: its seeds averaged per trial); NaN where the
         records hold no name margin.
+
+    Raises:
+        ValueError: as :func:`locos_tl.paired_tests`: a record held twice, a
+            ``contains`` not 0 or 1, two rankings at a k over different trials.
     """
+    check_records(values, {m for pair in pairs for m in pair})
     rows = [r for method, against in pairs for k in _shared_ks(values, method, against)
             if (r := _pair_row(values, method, against, k)) is not None]
     cols = ["method", "against", "k", "n_trials", "contains", "contains_against",
