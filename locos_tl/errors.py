@@ -12,6 +12,7 @@ does, for 3.11 too).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import warnings
@@ -61,12 +62,19 @@ class HeadSpecError(LocosError, ValueError):
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # runtime type-checking wrappers that sit between a package function and its caller
 _WRAPPERS = (f"{os.sep}jaxtyping{os.sep}", f"{os.sep}beartype{os.sep}")
+# contextlib's __enter__/__exit__ between a @contextmanager of locos_tl and the `with`
+_CONTEXTLIB = os.path.abspath(contextlib.__file__)
 
 
 def _internal(filename: str) -> bool:
-    """A frame of locos_tl or of a type-checking wrapper around one of its functions."""
-    return (os.path.abspath(filename).startswith(_PACKAGE) if not filename.startswith("<")
-            else filename.startswith("<@beartype")) or any(w in filename for w in _WRAPPERS)
+    """A frame of locos_tl, of a type-checking wrapper around one of its functions, or of
+    contextlib running one of its context managers."""
+    if any(w in filename for w in _WRAPPERS):
+        return True
+    if filename.startswith("<"):
+        return filename.startswith("<@beartype")
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE) or path == _CONTEXTLIB
 
 
 def _import_machinery(frame: FrameType) -> bool:
@@ -78,7 +86,9 @@ def _import_machinery(frame: FrameType) -> bool:
 
 def warn_caller(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn(message, category)`` attributed to the first frame outside
-    locos_tl (the user's call of the public function)."""
+    locos_tl (the user's call of the public function, or the ``with`` line of one of its
+    context managers), past the wrappers around its functions (jaxtyping, beartype,
+    contextlib). Every user-facing warning of locos_tl goes through it."""
     frame: FrameType | None = sys._getframe(0)  # this function: level 1 of the count
     level = 1
     while frame is not None and _internal(frame.f_code.co_filename):

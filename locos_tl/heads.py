@@ -22,7 +22,7 @@ from einops import rearrange
 from jaxtyping import Float
 from torch import Tensor
 
-from locos_tl.errors import DataFormatError, NoAcceptedTrialError
+from locos_tl.errors import DataFormatError, NoAcceptedTrialError, warn_caller
 from locos_tl.experiments.stats import check_confidence
 from locos_tl.head_spec import HeadSpecError, as_count
 
@@ -186,12 +186,12 @@ class HeadScores:
         finite = self.scores[torch.isfinite(self.scores)]
         return bool(finite.numel()) and bool((finite == 0).all())
 
-    def warn_if_all_zero(self, stacklevel: int = 3) -> None:
-        """Warn (``RuntimeWarning``) when :attr:`all_zero`: a ranking of all-zero scores
-        is the heads' index order, not a result."""
+    def warn_if_all_zero(self) -> None:
+        """Warn (``RuntimeWarning``, at the caller's line) when :attr:`all_zero`: a
+        ranking of all-zero scores is the heads' index order, not a result."""
         if self.all_zero:
-            warnings.warn(f"{self.method}: every score is 0: the ranking is index order, "
-                          "not a result", RuntimeWarning, stacklevel=stacklevel)
+            warn_caller(f"{self.method}: every score is 0: the ranking is index order, "
+                        "not a result", RuntimeWarning)
 
     def _order(self, descending: bool) -> list[Head]:
         self.check_rankable()
@@ -311,9 +311,9 @@ class HeadScores:
         an empty list per head.
         """
         if self.n_trials == 0:
-            warnings.warn(f"{self.method}: no accepted trial; {Path(out_dir)}/heads.json "
-                          "holds an empty list per head and scores.csv only NaN",
-                          RuntimeWarning, stacklevel=2)
+            warn_caller(f"{self.method}: no accepted trial; {Path(out_dir)}/heads.json "
+                        "holds an empty list per head and scores.csv only NaN",
+                        RuntimeWarning)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         self.to_reference_json(out / "heads.json")

@@ -15,13 +15,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from locos_tl.errors import TrialError
+from locos_tl.errors import TrialError, warn_caller
 from locos_tl.head_spec import as_int
 from locos_tl.trial_tokenizer import (
     check_record_tokenizer,
@@ -208,12 +207,12 @@ class Trial:
         meta = dict(d.get("meta", {}))
         answer_span = d.get("answer_span")
         if "answer_span" not in d and meta.get("task") == "niah":
-            warnings.warn(
+            warn_caller(
                 "NIAH trial written before per-method spans: its needle span is the "
                 "real_needle part, so every method reads that span (the authors score "
                 "LOCOS, attention-spatial and DLA on the whole needle); rebuild the "
                 "trials with `locos build-trials niah` for the published spans",
-                UserWarning, stacklevel=2)
+                UserWarning)
             answer_span = d["needle_span"]
         return cls(
             tokens=tuple(d["tokens"]),

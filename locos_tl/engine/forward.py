@@ -29,7 +29,7 @@ from torch import Tensor
 from locos_tl.engine.interventions import engine as intervention_engine
 from locos_tl.engine.interventions import hooks_reproducible, lens_hooks_attached
 from locos_tl.engine.twin import sdpa_twin, twin_info
-from locos_tl.errors import LocosError
+from locos_tl.errors import LocosError, warn_caller
 
 __all__ = ["DECODE_ENGINES", "DecodeEngine", "StepEngine", "engine_paths", "fork_cache",
            "prefill", "prefill_with_rows", "step_engine"]
@@ -192,10 +192,8 @@ def step_engine(model: Any, decode_engine: str = "auto", *, rows: bool = True) -
     if hooked and hooks_reproducible(model):  # a locos_tl intervention: expected
         log.info("decode steps run through the TransformerBridge: %s", reason)
     elif hooked:
-        import warnings
-
-        warnings.warn(f"decode steps run through the TransformerBridge (slower, same values):"
-                      f" {reason}", RuntimeWarning, stacklevel=3)
+        warn_caller(f"decode steps run through the TransformerBridge (slower, same values):"
+                    f" {reason}", RuntimeWarning)
     return StepEngine("bridge", None, reason)
 
 

@@ -35,7 +35,6 @@ in ``tests/test_fast_interventions.py``.
 from __future__ import annotations
 
 import re
-import warnings
 import weakref
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -46,6 +45,7 @@ import torch
 from torch import Tensor
 
 from locos_tl.engine.twin import sdpa_twin
+from locos_tl.errors import warn_caller
 
 Engine = Literal["twin", "bridge"]
 HookFn = Callable[..., Tensor | None]
@@ -207,10 +207,10 @@ def intervene(model: Any, fwd_hooks: Sequence[tuple[str, HookFn]]) -> Iterator[E
     if twin is not None and plan is None and model not in _WARNED:
         _WARNED.add(model)
         names = sorted({str(n) for n, _ in hooks})
-        warnings.warn(
+        warn_caller(
             f"interventions at {names[:4]} have no module-hook equivalent on the fast SDPA "
             "twin; forwards inside them run through the TransformerBridge (slower, same "
-            "values)", RuntimeWarning, stacklevel=3)
+            "values)", RuntimeWarning)
     entry = _Active(hooks=hooks, twin_ok=plan is not None)
     before = {id(h) for h in _lens_handles(model)}
     active = _ACTIVE.setdefault(model, [])

@@ -27,12 +27,13 @@ the reason once per model; :func:`prefill_path` reports which path runs.
 from __future__ import annotations
 
 import copy
-import warnings
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+
+from locos_tl.errors import warn_caller
 
 _TWINS: weakref.WeakKeyDictionary[Any, dict[str, TwinInfo]] = weakref.WeakKeyDictionary()
 _IGNORED_CONFIG_KEYS = {"_attn_implementation", "_attn_implementation_autoset",
@@ -148,10 +149,10 @@ def twin_info(model: Any, attn_implementation: str = "sdpa") -> TwinInfo:
         except Exception as exc:  # an architecture HF cannot rebuild: still fall back loudly
             info = TwinInfo(None, f"{type(exc).__name__}: {exc}")
         if info.twin is None:
-            warnings.warn(
+            warn_caller(
                 f"fast {attn_implementation} twin unavailable ({info.reason}); running "
                 "through the TransformerBridge's eager attention (slower, same values)",
-                RuntimeWarning, stacklevel=3,
+                RuntimeWarning,
             )
         per_model[attn_implementation] = info
     return per_model[attn_implementation]

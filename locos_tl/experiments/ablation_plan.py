@@ -6,11 +6,11 @@ shared by :func:`locos_tl.experiments.evaluate.ablation_sweep` and
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from locos_tl.engine.ablation import AblationMeans, random_heads
+from locos_tl.errors import warn_caller
 from locos_tl.experiments.dissociation import BASELINE
 from locos_tl.experiments.run_table import AblationJob
 from locos_tl.head_spec import HeadLike, HeadSpecError, as_int, parse_heads, parse_ks
@@ -138,8 +138,8 @@ def plan_grid(
     skipped = {name: [x for x in ks if (name, x) not in made] for name in head_sets}
     skipped = {name: v for name, v in skipped.items() if v}
     if skipped:
-        warnings.warn("; ".join(f"head set {n!r} lists fewer heads than k={v}: those k are "
-                                "skipped for it" for n, v in skipped.items()), stacklevel=3)
+        warn_caller("; ".join(f"head set {n!r} lists fewer heads than k={v}: those k are "
+                              "skipped for it" for n, v in skipped.items()))
     for name, hs in head_sets.items():  # fail before any generation, not halfway through
         if isinstance(hs, HeadScores):
             if (hs.n_layers, hs.n_heads) != (L, H):

@@ -42,7 +42,6 @@ needs one more backward per layer; not implemented either. Only plain AtP is com
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
@@ -54,6 +53,7 @@ from torch import Tensor
 from locos_tl.engine.forward import _new_cache
 from locos_tl.engine.interventions import intervene
 from locos_tl.engine.twin import sdpa_twin
+from locos_tl.errors import warn_caller
 from locos_tl.experiments.patching import (
     CORRUPTIONS,
     DEFAULT_FILLER,
@@ -259,11 +259,11 @@ def atp_heads(
     counts = {"n_trials": len(records), "n_accepted": sum(bool(r["accepted"]) for r in records),
               "n_dropped_no_answer_step": sum(r["dropped"] == "no_answer_step" for r in records)}
     if records and counts["n_accepted"] == 0:
-        warnings.warn(
+        warn_caller(
             f"atp_heads: no usable trial: 0 of {counts['n_trials']} greedy responses hold "
             f"the answer within max_new_tokens={max_new_tokens}; every AtP score is NaN. "
             "Use trials the model answers, or answer_position='prompt_end'",
-            RuntimeWarning, stacklevel=2)
+            RuntimeWarning)
     return HeadScores.from_records(
         records, "atp", n_layers=int(model.cfg.n_layers), n_heads=int(model.cfg.n_heads),
         meta={**meta, **counts, "units": "logits", "atp_variant": "atp"})

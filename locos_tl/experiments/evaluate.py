@@ -16,7 +16,6 @@ on different grids reads back as one table (:func:`locos_tl.experiments.run_tabl
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,7 @@ from locos_tl.engine.stops import (
     stop_predicate,
 )
 from locos_tl.engine.teacher_forcing import continuation_logprobs
+from locos_tl.errors import warn_caller
 from locos_tl.experiments.ablation_plan import (  # noqa: F401  (re-exported: old import path)
     DEFAULT_KS,
     RANDOM,
@@ -382,11 +382,11 @@ def ablation_sweep(
                                                 else "")
                  for c in cells if (c["method"], c["k"], c["seed"]) not in have]
         if short:
-            warnings.warn(f"{len(short)} cell(s) recorded in {out_dir} lack a generation "
-                          f"for some of the {len(trials)} trials and are left out of "
-                          f"evaluation.csv ({', '.join(short[:6])}"
-                          f"{', ...' if len(short) > 6 else ''}): rerun with those k and "
-                          "seeds to fill them", stacklevel=2)
+            warn_caller(f"{len(short)} cell(s) recorded in {out_dir} lack a generation "
+                        f"for some of the {len(trials)} trials and are left out of "
+                        f"evaluation.csv ({', '.join(short[:6])}"
+                        f"{', ...' if len(short) > 6 else ''}): rerun with those k and "
+                        "seeds to fill them")
     return df
 
 
@@ -429,8 +429,8 @@ def _record_cells(out_dir: str | Path, jobs: Sequence[AblationJob],
             rankings[j.method] = head_sets[src].ranked(False)
     dropped = record_jobs(out_dir, jobs, rankings=rankings, fresh=fresh)
     if dropped:
-        warnings.warn(f"{out_dir}: the rankings given now differ from the ones its earlier "
-                      f"cells used; {len(dropped)} earlier cell(s) leave its table "
-                      f"({', '.join(f'{m} k={k}' for m, k, _ in dropped[:6])}"
-                      f"{', ...' if len(dropped) > 6 else ''}); their generations stay in "
-                      "trials.jsonl", stacklevel=3)
+        warn_caller(f"{out_dir}: the rankings given now differ from the ones its earlier "
+                    f"cells used; {len(dropped)} earlier cell(s) leave its table "
+                    f"({', '.join(f'{m} k={k}' for m, k, _ in dropped[:6])}"
+                    f"{', ...' if len(dropped) > 6 else ''}); their generations stay in "
+                    "trials.jsonl")

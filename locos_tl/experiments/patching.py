@@ -24,7 +24,6 @@ scores per layer).
 from __future__ import annotations
 
 import copy
-import warnings
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
@@ -41,7 +40,7 @@ from locos_tl.engine.forward import _new_cache
 from locos_tl.engine.interventions import intervene
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, keep_resid_pre, start_at_layer
 from locos_tl.engine.twin import sdpa_twin
-from locos_tl.errors import TrialError
+from locos_tl.errors import TrialError, warn_caller
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
@@ -486,12 +485,12 @@ def patch_heads(
     counts = {"n_trials": len(records), "n_accepted": sum(bool(r["accepted"]) for r in records),
               "n_dropped_no_answer_step": sum(r["dropped"] == "no_answer_step" for r in records)}
     if records and counts["n_accepted"] == 0:
-        warnings.warn(
+        warn_caller(
             f"patch_heads: no usable trial: 0 of {counts['n_trials']} "
             f"({counts['n_dropped_no_answer_step']} greedy responses lack the answer within "
             f"max_new_tokens={max_new_tokens}); every CRI is NaN and rankings refuse. Use "
             "trials the model answers, or answer_position='prompt_end'",
-            RuntimeWarning, stacklevel=2)
+            RuntimeWarning)
     return HeadScores.from_records(records, "cri", n_layers=int(model.cfg.n_layers),
                                    n_heads=int(model.cfg.n_heads), meta={**meta, **counts})
 

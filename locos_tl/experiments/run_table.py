@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
-from locos_tl.errors import LocosError
+from locos_tl.errors import LocosError, warn_caller
 from locos_tl.experiments.task_metrics import Scorer, get_scorer
 from locos_tl.runs.records import read_records
 from locos_tl.trials import Trial, as_trial_list
@@ -176,9 +175,8 @@ def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "no
             "reused; each call records its cells)")
     table = directory_table(out_dir, trials, get_scorer(scorer), jobs, per_trial=per_trial)
     if table.empty and trials:
-        warnings.warn(f"no cell recorded in {out_dir} has a generation for every one of "
-                      f"the {len(trials)} trials given: are they this run's trials?",
-                      stacklevel=2)
+        warn_caller(f"no cell recorded in {out_dir} has a generation for every one of "
+                    f"the {len(trials)} trials given: are they this run's trials?")
     return table
 
 

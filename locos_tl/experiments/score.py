@@ -278,11 +278,10 @@ def score_methods(
                     stop_rule=stop_rule, thinking=thinking, seed=seed)
     if dist is not None:  # the Ray executor
         if batch_size > 1:
-            import warnings
+            from locos_tl.errors import warn_caller
 
-            warnings.warn(f"batch_size={batch_size} is not used by the Ray executor: each "
-                          "worker decodes one trial at a time (same records)",
-                          RuntimeWarning, stacklevel=2)
+            warn_caller(f"batch_size={batch_size} is not used by the Ray executor: each "
+                        "worker decodes one trial at a time (same records)", RuntimeWarning)
         from locos_tl.runs.distributed import score_trials_distributed
 
         return _requested(score_trials_distributed(  # the workers load `model`
@@ -348,11 +347,11 @@ def _kept(out_dir: str | Path | None, requested: list[str]) -> list[str] | None:
     extra = kept_methods(out_dir, requested)
     if not extra:
         return None
-    import warnings
+    from locos_tl.errors import warn_caller
 
-    warnings.warn(f"{out_dir} also holds {', '.join(extra)} scores (an earlier run): kept "
-                  "and brought up to date from the same trial records; use a new out_dir "
-                  f"for a run of {', '.join(requested)} alone", UserWarning, stacklevel=3)
+    warn_caller(f"{out_dir} also holds {', '.join(extra)} scores (an earlier run): kept "
+                "and brought up to date from the same trial records; use a new out_dir "
+                f"for a run of {', '.join(requested)} alone", UserWarning)
     return requested
 
 

@@ -4,11 +4,11 @@ back (:func:`locos_tl.runs.rundir.load_head_scores`)."""
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from locos_tl.acceptance import acceptance_counts
+from locos_tl.errors import warn_caller
 from locos_tl.heads import HeadScores
 
 
@@ -49,12 +49,12 @@ def aggregate(
     acceptance = {**(meta.get("acceptance") or {}), **per_method}
     for m, counts in per_method.items():
         if warn and records and counts["n_accepted"] == 0:
-            warnings.warn(
+            warn_caller(
                 f"{m}: no trial was accepted: 0 of {counts['n_trials']} ("
                 f"{counts['n_dropped_gate']} failed the gate, "
                 f"{counts['n_dropped_no_answer_step']} had no answer step, "
                 f"{counts['n_dropped_non_finite']} had NaN/inf numbers); every head score "
-                "is NaN and rankings (top_k, ranked) refuse", RuntimeWarning, stacklevel=3)
+                "is NaN and rankings (top_k, ranked) refuse", RuntimeWarning)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     out = {
         m: HeadScores.from_records(

@@ -59,7 +59,7 @@ from locos_tl.engine.forward import (
 )
 from locos_tl.engine.stops import StopRule, _StopRules, _StopState, check_stop_rule
 from locos_tl.engine.unembed import AnswerDirections
-from locos_tl.errors import TrialError
+from locos_tl.errors import TrialError, warn_caller
 from locos_tl.runs.runner import _Collector, non_finite_record, run_trial, trial_record
 from locos_tl.trials import Trial
 
@@ -306,8 +306,8 @@ def run_trials_batched(
               else "batch_size=1")
     if reason is not None:
         if batch_size > 1:
-            warnings.warn(f"batch_size={batch_size} falls back to batch size 1: {reason}",
-                          RuntimeWarning, stacklevel=2)
+            warn_caller(f"batch_size={batch_size} falls back to batch size 1: {reason}",
+                        RuntimeWarning)
         for i, trial in enumerate(trials):
             done(i, run_trial(model, trial, detectors, directions=directions,
                               max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,

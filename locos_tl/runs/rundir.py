@@ -27,7 +27,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from locos_tl.errors import LocosError
+from locos_tl.errors import LocosError, warn_caller
 from locos_tl.heads import HeadScores
 from locos_tl.runs.records import META_FILE, RECORDS_FILE, read_records
 
@@ -124,12 +124,9 @@ def prune_stale_methods(
         removed.append("scores.csv")
     gone = [r[:-1] for r in removed if r.endswith("/")]
     if gone:  # never silently (`locos score` keeps them: it scores every method of a run)
-        import warnings
-
-        warnings.warn(f"{out}: removed the folders of {', '.join(gone)}, methods this run "
-                      f"does not score ({', '.join(sorted(keep))}); include them in methods "
-                      "to keep them (their trial records are reused)", UserWarning,
-                      stacklevel=3)
+        warn_caller(f"{out}: removed the folders of {', '.join(gone)}, methods this run "
+                    f"does not score ({', '.join(sorted(keep))}); include them in methods "
+                    "to keep them (their trial records are reused)", UserWarning)
     return removed
 
 

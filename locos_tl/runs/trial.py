@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ from locos_tl.engine.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
 from locos_tl.engine.decode import DecodeResult, DecodeStep, greedy_decode
 from locos_tl.engine.stops import StopRule
 from locos_tl.engine.unembed import AnswerDirections
-from locos_tl.errors import NonFiniteError
+from locos_tl.errors import NonFiniteError, warn_caller
 from locos_tl.trials import Trial
 
 
@@ -25,8 +24,7 @@ def non_finite_record(
     phi-based detector): dropped with reason ``"non_finite"``, and a ``RuntimeWarning``.
     With ``detectors``, also ``dropped_by`` (every method ``"non_finite"``) and
     ``spans`` (method -> span name), as :func:`run_trial` records it."""
-    warnings.warn(f"trial {trial.trial_id} dropped (non_finite): {reason}", RuntimeWarning,
-                  stacklevel=3)
+    warn_caller(f"trial {trial.trial_id} dropped (non_finite): {reason}", RuntimeWarning)
     rec = {
         "trial_id": trial.trial_id, "n_prompt_tokens": trial.n_tokens,
         "needle_span": list(trial.needle_span), "answer": trial.answer, "response": "",

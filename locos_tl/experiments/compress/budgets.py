@@ -56,7 +56,7 @@ from typing import Any, Literal, get_args
 import numpy as np
 import pandas as pd
 
-from locos_tl.errors import LocosError
+from locos_tl.errors import LocosError, warn_caller
 
 Unit = Literal["kv_group", "query_head"]
 Allocation = Literal["greedy", "proportional", "uniform"]
@@ -344,11 +344,11 @@ def kv_budgets(
         flat = _even_split(total, floors, order if allocation != "uniform" else np.arange(n))
         meta["below_floor"] = True
         lo, hi = int(flat.min()), int(flat.max())
-        warnings.warn(
+        warn_caller(
             f"a budget of {total} entries ({fraction:.3g} of {int(caps.sum())}) is below the "
             f"floor of {int(floors.sum())} entries (sinks={sinks} + min_recent={min_recent} "
             f"per unit): every unit keeps {lo}-{hi} entries (the recent window, then the "
-            "sinks, shrunk uniformly)", UserWarning, stacklevel=2)
+            "sinks, shrunk uniformly)", UserWarning)
     elif allocation == "greedy":
         flat = floors.copy()
         extra = total - int(floors.sum())

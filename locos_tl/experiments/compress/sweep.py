@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from locos_tl.errors import LocosError
+from locos_tl.errors import LocosError, warn_caller
 from locos_tl.experiments.compress.budgets import as_score_array, kv_budgets
 from locos_tl.experiments.compress.cache import cache_capacity, compression_twin
 from locos_tl.experiments.compress.fractions import check_fractions
@@ -192,10 +192,10 @@ def compression_sweep(
     df = pd.DataFrame(rows)
     if len(df) and df["below_floor"].any():
         low = sorted(float(f) for f in df.loc[df["below_floor"], "fraction"].unique())
-        warnings.warn(f"fractions {low} are below the floor of sinks={sinks} + "
-                      f"min_recent={min_recent} entries per unit for some trials: there "
-                      "every unit keeps about the same shrunk window (column below_floor)",
-                      UserWarning, stacklevel=2)
+        warn_caller(f"fractions {low} are below the floor of sinks={sinks} + "
+                    f"min_recent={min_recent} entries per unit for some trials: there "
+                    "every unit keeps about the same shrunk window (column below_floor)",
+                    UserWarning)
     return df
 
 
