@@ -4,6 +4,7 @@ Usage (from the repository root)::
 
     python docs/scripts/render_figures.py            # the default organism (a few minutes)
     python docs/scripts/render_figures.py --tiny     # a tiny random model (fast, no organism)
+    python docs/scripts/render_figures.py --only head_heatmap   # one figure (minutes)
 
 Each figure is written with ``write_html`` and screenshotted by Playwright, the same
 path a user's browser takes. Needs ``pip install -e ".[docs]"`` and a Chromium
@@ -42,10 +43,10 @@ def tiny_figures() -> dict[str, Any]:
     return all_figures(build(Path(tempfile.mkdtemp(prefix="locos-fig-"))))
 
 
-def organism_figures() -> dict[str, Any]:
+def organism_figures(only: set[str] | None = None) -> dict[str, Any]:
     """The figures of the notebooks (as notebook 03 computes them), on the default
     organism ``retrieval-long`` at 512 tokens (``LOCOS_ORGANISM`` and ``LOCOS_TOKENS``
-    override)."""
+    override); ``only={"head_heatmap"}`` stops after the scores (about 2 minutes)."""
     import locos_tl
     from locos_tl import plot
     from locos_tl.organisms import DEFAULT_ORGANISM, default_book_dir, make_trials
@@ -57,6 +58,12 @@ def organism_figures() -> dict[str, Any]:
     detect = make_trials("nonliteral", 32, n_tokens=n_tokens, book=book, seed=3)
     s = locos_tl.score_methods(model, detect, methods=["locos", "wu", "attention_spatial"],
                                max_new_tokens=4)
+    heatmap = plot.head_heatmap([s["locos"], s["wu"], s["attention_spatial"]],
+                                scale="per_map",
+                                title=f"{Path(path).name}, non-literal trials, {n_tokens} "
+                                      "tokens: each map divided by its own max |score|")
+    if only is not None and only <= {"head_heatmap"}:
+        return {"head_heatmap": heatmap}
     evals = {task: make_trials(task, 10, n_tokens=n_tokens, book=book, seed=4)
              for task in ("nonliteral", "literal")}
     calib = [t.tokens for task in ("nonliteral", "literal")
@@ -78,11 +85,7 @@ def organism_figures() -> dict[str, Any]:
     zoom = (max(0, t.needle_span[0] - 24), min(t.n_tokens, t.needle_span[1] + 24))  # needle
     non = abl["nonliteral"]
     return {
-        "head_heatmap": plot.head_heatmap([s["locos"], s["wu"], s["attention_spatial"]],
-                                          scale="per_map",
-                                          title=f"{Path(path).name}, non-literal trials, "
-                                                f"{n_tokens} tokens: each map divided by "
-                                                "its own max |score|"),
+        "head_heatmap": heatmap,
         "layer_distribution": plot.layer_distribution([s["locos"], s["wu"], cri], k=4),
         "ablation_curves": plot.ablation_curves(
             non[non.metric == "rougeL"],
@@ -139,7 +142,7 @@ def render(figs: dict[str, Any], out: Path = IMG) -> list[Path]:
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         for name, fig in figs.items():
             w, h = SIZES.get(name, (900, 500))
-            fig.update_layout(width=w, height=h, margin={"t": 80})
+            fig.update_layout(width=w, height=h, margin={"t": max(80, fig.layout.margin.t or 0)})
             html = tmp / f"{name}.html"
             fig.write_html(html, include_plotlyjs="directory", config={"displayModeBar": False})
             page = browser.new_page(viewport={"width": w + 40, "height": h + 40},
@@ -176,13 +179,18 @@ def main() -> None:
     ap.add_argument("--tiny", action="store_true", help="use a tiny random model")
     ap.add_argument("--skip-compression", action="store_true",
                     help="leave compression_curves.png (the slowest figure) as it is")
+    ap.add_argument("--only", default="",
+                    help="comma-separated figure names to render (e.g. head_heatmap)")
     args = ap.parse_args()
+    only = {n for n in args.only.split(",") if n} or None
     if args.tiny:
         figs = tiny_figures()
     else:
-        figs = organism_figures()
-        if not args.skip_compression:
+        figs = organism_figures(only)
+        if not args.skip_compression and (only is None or "compression_curves" in only):
             figs["compression_curves"] = compression_figure()
+    if only is not None:
+        figs = {k: v for k, v in figs.items() if k in only}
     for p in render(figs):
         print(p.relative_to(ROOT))  # noqa: T201
 

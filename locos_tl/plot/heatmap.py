@@ -236,4 +236,6 @@ def head_heatmap(
                    "colorbar": {"title": {"text": unit}}},
         width=None if n == 1 else 380 * n + 120,
     )
+    if scale == "per_map" and n > 1:  # room for the two-line subplot titles
+        fig.update_layout(margin={"t": 130})
     return fig
