@@ -100,15 +100,16 @@ fig, direct = curves("direct")
 fig'''),
         new_markdown_cell("""\
 Paired tests on the same trials (`paired.csv`): McNemar's test on "names the target"
-and Wilcoxon's on the name margin, LOCOS's top 5 against each other ranking of 5 heads
-(random: the 3 seeds pooled)."""),
+and Wilcoxon's on the name margin, LOCOS's top 5 against each other ranking of 5 heads.
+Against random heads McNemar tests each of the 3 seeds alone and reports the largest p;
+Wilcoxon compares with the seeds' mean margin per trial."""),
         new_code_cell('''\
 paired = pd.read_csv(RESULTS / "paired.csv")
 paired[(paired.k == 5) & (paired.method == "locos")][
     ["question", "against", "n_trials", "contains", "contains_against", "p_mcnemar",
      "p_wilcoxon"]].round({"contains": 2, "contains_against": 2})'''),
         new_markdown_cell("""\
-At k = 5 the cells were rerun on 200 held-out trials (the 60 above and 140 more from
+At k = 5 the cells also ran on 200 held-out trials (the 60 above and 140 more from
 the same sampler; nothing was chosen on them), `n200/`:"""),
         new_code_cell('''\
 n200 = pd.concat([pd.read_csv(RESULTS / f"n200/ablate/{q}_1000/evaluation_ci.csv")
@@ -117,7 +118,7 @@ n200[n200.metric == "contains"][["question"] + cols].round(2)'''),
         new_markdown_cell("""\
 ## Where the elicited model's heads come from
 
-Eliciting changed only the MLPs, so the heads that now carry the hop are heads the base
+Eliciting changed only the MLPs, so the heads that carry the hop are heads the base
 model already had. The base model's LOCOS ranking on *literal* trials
 (`docs/real_models/smollm2-literal/`) beside the elicited model's on non-literal ones:"""),
         new_code_cell('''\
@@ -143,8 +144,8 @@ overlap[["pair", "spearman", "top5_shared", "top10_shared", "top10_p", "top20_sh
 Eliciting taught SmolLM2-135M-Instruct the hop: held-out `onehop` questions go from
 0.12 to 0.60 naming the target, with a distractor named in 0.05. Ablating LOCOS's top 5
 heads takes that to 0.05 [0.00, 0.12] on 60 trials and 0.02 on 200, where Wu's top 5
-leave 0.40, DLA's top 5 0.40 and 5 random heads 0.42-0.57 (McNemar p = 5e-7 against the
-pooled random seeds). The same heads carry literal retrieval too (`direct` 0.85 ->
+leave 0.40, DLA's top 5 0.40 and 5 random heads 0.42-0.57 (McNemar p = 5e-7 against
+random heads, the largest p over the 3 seeds). The same heads carry literal retrieval too (`direct` 0.85 ->
 0.07), and 8 of the elicited model's top 10 LOCOS heads are among the base model's top
 10 on literal trials (chance 0.37; Spearman 0.68 over 270 heads): the MLP-only
 fine-tune routed the hop through retrieval heads the pretrained model already had."""),

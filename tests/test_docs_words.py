@@ -31,6 +31,29 @@ LAB_LOG = [
 ALLOWED = [
     r"GitHub issue #\d+",  # citing an upstream bug by its number
 ]
+#: lab-log phrases once met in the docs: each tells when, or in which order, a result was
+#: made instead of what it is (checked everywhere a reader looks)
+LAB_LOG_PHRASES = [
+    "the search went down, not up", "that was noise", "can now be measured",
+    "`locos elicit` now puts", "the cells were rerun", "an earlier unpublished round",
+    "first attempt", "generated again", "were rerun", "since it was introduced",
+    "calibrated again on another machine", "calibrating again",
+]
+#: the patterns behind them, in the prose of the README, docs/*.md and the notebooks'
+#: markdown: "now" (against an earlier state), a rerun, "again", an earlier attempt or round
+LAB_LOG_PROSE = [
+    r"\bnow\b",
+    r"\bre-?run",
+    r"\bagain\b",
+    r"\bfirst attempt\b",
+    r"\b(?:an? |the )?(?:earlier|previous|first|second) (?:attempt|round|try|pass of the run)\b",
+    r"\bno longer\b",
+    r"\bused to\b",
+]
+#: legitimate prose that matches LAB_LOG_PROSE (keep this short)
+PROSE_ALLOWED = [
+    r"\bno longer takes the name\b",  # what an ablated model does, not the project's past
+]
 #: names the package renamed; the old ones still work, and the docs show the new ones
 DEPRECATED = {
     r"(?<![\w.])(?:lt\.|locos_tl\.)?evaluate\(": "ablation_sweep(...)",
@@ -96,6 +119,56 @@ def test_no_lab_log_words(path):
     found = [f"{pat}: {_where(text, m.start())}" for pat in LAB_LOG
              for m in re.finditer(pat, text, flags=re.I)]
     assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize("path", FILES, ids=IDS)
+def test_no_lab_log_phrases(path):
+    text = " ".join(_text(path).split())
+    found = [p for p in LAB_LOG_PHRASES if p.lower() in text.lower()]
+    assert not found, found
+
+
+def _prose(path: Path) -> str:
+    """The prose a reader reads: a page without its fenced code, or a notebook's
+    markdown cells."""
+    if path.suffix == ".ipynb":
+        cells = json.loads(path.read_text())["cells"]
+        text = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    else:
+        text = path.read_text()
+    return re.sub(r"^```.*?^```", lambda m: "\n" * m.group().count("\n"), text,
+                  flags=re.S | re.M)
+
+
+PROSE = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")),
+         *sorted((REPO / "notebooks").glob("*.ipynb"))]
+
+
+def _prose_hits(text: str) -> list[str]:
+    for allowed in PROSE_ALLOWED:
+        text = re.sub(allowed, lambda m: " " * len(m.group()), text)
+    return [f"{pat}: {_where(text, m.start())}" for pat in LAB_LOG_PROSE
+            for m in re.finditer(pat, text, flags=re.I)]
+
+
+@pytest.mark.parametrize("path", PROSE, ids=[str(p.relative_to(REPO)) for p in PROSE])
+def test_no_lab_log_prose(path):
+    """Results and instructions are stated as they are, not against an earlier state."""
+    found = _prose_hits(_prose(path))
+    assert not found, "\n".join(found)
+
+
+def test_lab_log_checks_catch_what_they_should():
+    general = ["The sweep now runs once.", "At k = 5 the cells were rerun.",
+               "Rerunning resumes.", "The means, calibrated again, differ.",
+               "An earlier round gave 0.92.", "The first attempt decoded 16 tokens.",
+               "It no longer stops.", "The sweep used to run twice."]
+    for sentence in general:
+        assert _prose_hits(sentence), sentence
+    for fine in ["What the model knows.", "The known heads.", "A second model.",
+                 "Run the same command; finished trials are skipped.",
+                 "The model no longer takes the name from the context."]:
+        assert not _prose_hits(fine), fine
 
 
 def _calls(text: str, name: str) -> list[tuple[int, str]]:
