@@ -27,6 +27,35 @@ class TrialError(LocosError, ValueError):
     """A trial is malformed: needle not found or not token-aligned, empty answer,
     prompt longer than the model's context."""
 
+    #: bad trials a message lists before "... and N more"
+    MAX_LISTED = 20
+
+    @classmethod
+    def of_trials(cls, problems: list[tuple[int, str, str]], n_trials: int,
+                  where: str = "") -> TrialError:
+        """One error naming every trial a run cannot take (a run refuses them all
+        before any work, not one per rerun).
+
+        Args:
+            problems: ``(index, trial_id, what is wrong)`` of each bad trial, in input
+                order; a leading ``"trial {trial_id}: "`` of the text is dropped (the
+                line names the trial by index and id).
+            n_trials: how many trials the run got.
+            where: the refusing function's name, for the message.
+        """
+        lines = []
+        for i, tid, what in problems[: cls.MAX_LISTED]:
+            head = f"trial {tid}: "
+            what = what[len(head):] if what.startswith(head) else what
+            lines.append(f"trial {i} ({tid}): {what}")
+        more = len(problems) - len(lines)
+        lines += [f"... and {more} more"] if more > 0 else []
+        lead = f"{where}: " if where else ""
+        if len(problems) == 1:
+            return cls(lead + lines[0])
+        return cls(f"{lead}{len(problems)} of {n_trials} trials cannot run:\n  "
+                   + "\n  ".join(lines))
+
 
 class ModelLoadError(LocosError, ValueError):
     """A model could not be loaded: unknown name, missing directory, or an

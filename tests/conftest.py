@@ -152,3 +152,38 @@ def cache(tmp_path, monkeypatch):
     root = tmp_path / "cache"
     monkeypatch.setenv("LOCOS_CACHE", str(root))
     return root
+
+
+@pytest.fixture
+def forward_count(monkeypatch):
+    """``forward_count.n``: the forward passes run since the fixture was made. Every
+    forward embeds its tokens, whatever runs it (the bridge, the SDPA or eager twin, one
+    decode step): ``torch.nn.Embedding.forward`` is wrapped to count its calls."""
+    from types import SimpleNamespace
+
+    import torch
+
+    counter = SimpleNamespace(n=0)
+    real = torch.nn.Embedding.forward
+
+    def counting(self, *args, **kwargs):
+        counter.n += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.Embedding, "forward", counting)
+    return counter
+
+
+@pytest.fixture(params=["no_grad", "set_grad_enabled", "inference_mode"])
+def grad_off(request):
+    """How a caller turns autograd off (TransformerLens's demos start with
+    ``torch.set_grad_enabled(False)``): ``grad_off.name`` and ``grad_off.context()``, a
+    fresh ``torch.no_grad()``, ``torch.set_grad_enabled(False)`` or
+    ``torch.inference_mode()``."""
+    from types import SimpleNamespace
+
+    import torch
+
+    make = {"no_grad": torch.no_grad, "set_grad_enabled": lambda: torch.set_grad_enabled(False),
+            "inference_mode": torch.inference_mode}[request.param]
+    return SimpleNamespace(name=request.param, context=make)

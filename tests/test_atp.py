@@ -213,7 +213,7 @@ def test_atp_resumes_and_refuses_other_settings(qwen3, own_answer_trials, tmp_pa
     torch.testing.assert_close(again.trial_scores, first.trial_scores, rtol=0, atol=0)
     torch.testing.assert_close(fresh.trial_scores, first.trial_scores, rtol=0, atol=0)
     with pytest.raises(LocosError, match="other settings"):
-        atp_heads(qwen3, own_answer_trials, out_dir=run2, corruption="name_swap", **kw)
+        atp_heads(qwen3, own_answer_trials, out_dir=run2, filler="Lorem ipsum. ", **kw)
     saved = lt.HeadScores.load(first.save(tmp_path / "saved"))
     assert saved.method == "atp"
     torch.testing.assert_close(saved.scores, first.scores)
@@ -251,3 +251,58 @@ def test_score_trials_and_methods_dispatch_atp(qwen3, own_answer_trials, tmp_pat
     assert lt.load_head_scores(run, "locos").method == "locos"
     with pytest.raises(ValueError, match="atp reads no span"):
         lt.score_trials(qwen3, own_answer_trials, method="atp", spans={"atp": "needle"}, **kw)
+
+
+def test_atp_under_no_grad_and_inference_mode(qwen3, own_answer_trials, grad_off) -> None:
+    """Autograd off as TransformerLens's demos start (``torch.set_grad_enabled(False)``),
+    ``torch.no_grad()`` or ``torch.inference_mode()``: AtP turns autograd on for its own
+    backward only, so the scores are the plain call's bit for bit (the same code on the
+    same inputs) and the caller's grad mode is as it was."""
+    kw = dict(max_new_tokens=8, progress=False)
+    plain = atp_heads(qwen3, own_answer_trials, **kw)
+    assert plain.meta["n_accepted"] == 3
+    with grad_off.context():
+        got = atp_heads(qwen3, own_answer_trials, **kw)
+        one = lt.score_trials(qwen3, own_answer_trials, method="atp", **kw)
+        assert not torch.is_grad_enabled()
+        assert torch.is_inference_mode_enabled() == (grad_off.name == "inference_mode")
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    for hs in (got, one):
+        torch.testing.assert_close(hs.trial_scores, plain.trial_scores, rtol=0, atol=0)
+
+
+def _swappable(model, seed: int, answer_in_needle: bool = True) -> Trial:
+    """A 30-token trial, answer ``"the"``, needle [5, 9) holding the one token of
+    ``" the"`` at 6 (none of its other tokens spells it), so ``name_swap`` can swap it
+    for ``" Yuki"`` (one token too); without it with ``answer_in_needle=False``."""
+    tokens = [300 + (7 * i + seed) % 80 for i in range(30)]
+    if answer_in_needle:
+        (tokens[6],) = model.tokenizer.encode(" the", add_special_tokens=False)
+    return Trial(tokens=tokens, needle_span=(5, 9), answer="the").with_tokenizer(model)
+
+
+def test_atp_refuses_bad_trials_before_any_forward(qwen3, forward_count) -> None:
+    """``name_swap`` on a last trial whose needle lacks the answer is refused before any
+    forward pass, by index and id (it failed after the other trials ran, naming none);
+    two bad trials are named in one error."""
+    good = [_swappable(qwen3, seed) for seed in range(3)]
+    bad = _swappable(qwen3, 3, answer_in_needle=False)
+    kw = dict(corruption="name_swap", answer_position="prompt_end", progress=False)
+    with pytest.raises(lt.TrialError, match=rf"^atp_heads: trial 3 \({bad.trial_id}\): answer "
+                       r"'the' does not occur in the needle tokens \(corruption='name_swap'\)$"):
+        atp_heads(qwen3, [*good, bad], **kw)
+    n_ctx = int(qwen3.cfg.n_ctx)
+    long = Trial(tokens=[300] * (n_ctx + 1), needle_span=(5, 9), answer="the").with_tokenizer(qwen3)
+    with pytest.raises(lt.TrialError) as err:
+        atp_heads(qwen3, [good[0], bad, good[1], long], **kw)
+    assert str(err.value).splitlines() == [
+        "atp_heads: 2 of 4 trials cannot run:",
+        f"  trial 1 ({bad.trial_id}): answer 'the' does not occur in the needle tokens "
+        "(corruption='name_swap')",
+        f"  trial 3 ({long.trial_id}): prompt of {n_ctx + 1} tokens + 1 new tokens is longer "
+        f"than the model's context n_ctx={n_ctx}; answer 'the' does not occur in the needle "
+        "tokens (corruption='name_swap')",
+    ]
+    assert forward_count.n == 0
+    hs = atp_heads(qwen3, good, **kw)  # the good trials alone run, and the count sees it
+    assert hs.meta["n_accepted"] == 3 and forward_count.n > 0

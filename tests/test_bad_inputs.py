@@ -5,6 +5,8 @@ its type and message; the accepted neighbours are checked against the plain form
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -127,3 +129,41 @@ def test_greedy_decode_token_forms_agree(qwen3):
     with torch.no_grad():
         logits = qwen3.original_model(torch.tensor([ids])).logits[0, -1]
     assert one.generated == [int(logits.argmax())]
+
+
+def test_sweeps_refuse_bad_trials_before_any_forward(qwen3, forward_count):
+    """The sweeps check every trial before the first forward pass: a bad last trial is
+    refused with no forward run, by index and id (the ablation sweep asked for name
+    margins and the compression sweep refused it after the other trials' decoding), and
+    two bad trials are named in one error (the teacher-forced sweep named the first)."""
+    from locos_tl.experiments.compress import compression_sweep
+    from locos_tl.experiments.evaluate import ablation_sweep
+    from locos_tl.experiments.teacher_forced import teacher_forced_sweep
+
+    meta = {"distractor_names": ["Bob"], "query_start": 20}
+    good = [Trial(tokens=list(range(5 + i, 35 + i)), needle_span=(5, 9), answer="Mary",
+                  meta=meta).with_tokenizer(qwen3) for i in range(2)]
+    bare = Trial(tokens=list(range(40, 70)), needle_span=(5, 9), answer="Mary"
+                 ).with_tokenizer(qwen3)
+    grid = dict(k=1, mode="query_zero", random=False, bottom=None, progress=False)
+    with pytest.raises(TrialError, match=rf"^ablation_sweep: trial 2 \({bare.trial_id}\): no "
+                                         "distractor names; build it with"):
+        ablation_sweep(qwen3, [*good, bare], {"m": [(0, 0)]}, max_new_tokens=2,
+                       name_margin=True, **grid)
+    with pytest.raises(TrialError, match=rf"^compression_sweep: trial 2 \({bare.trial_id}\): "
+                                         r"compressed decoding needs where the question starts"):
+        compression_sweep(qwen3, [*good, bare], include=("uniform",), fractions=(0.5,),
+                          max_new_tokens=2, progress=False)
+    assert forward_count.n == 0
+    n_ctx = int(qwen3.cfg.n_ctx)
+    long = [Trial(tokens=[7 + i] * n_ctx, needle_span=(5, 9), answer="Mary")
+            .with_tokenizer(qwen3) for i in range(2)]
+    with pytest.raises(TrialError) as err:
+        teacher_forced_sweep(qwen3, [long[0], good[0], long[1]], {"m": [(0, 0)]}, **grid)
+    lines = str(err.value).splitlines()
+    assert lines[0] == "teacher_forced_sweep: 2 of 3 trials cannot run:"
+    for line, (i, t) in zip(lines[1:], ((0, long[0]), (2, long[1])), strict=True):
+        assert re.fullmatch(rf"  trial {i} \({t.trial_id}\): prompt of "
+                            rf"{n_ctx} tokens \+ a name of \d+ tokens is longer than the "
+                            rf"model's context n_ctx={n_ctx}", line), line
+    assert forward_count.n == 0

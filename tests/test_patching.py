@@ -152,6 +152,37 @@ def test_name_swap_cri(planted) -> None:
     assert cri.top_k(1) == [PLANTED]
 
 
+def test_patch_heads_refuses_bad_trials_before_any_forward(planted, forward_count) -> None:
+    """``name_swap`` on a last trial whose needle lacks the answer is refused before any
+    forward pass (it failed after the other trials' patching), naming the trial."""
+    from locos_tl import Trial
+
+    model, trials = planted
+    t = trials[0]
+    bad = Trial(tokens=t.tokens, needle_span=t.needle_span, answer="Stuart",
+                tokenizer_fingerprint=t.tokenizer_fingerprint)
+    kw = dict(corruption="name_swap", swap_names=list(NAMES), answer_position="prompt_end",
+              progress=False)
+    with pytest.raises(TrialError, match=rf"^patch_heads: trial 2 \({bad.trial_id}\): answer "
+                       r"'Stuart' does not occur in the needle tokens \(corruption='name_swap'\)$"):
+        patch_heads(model, [*trials, bad], **kw)
+    assert forward_count.n == 0
+
+
+def test_cri_under_no_grad_and_inference_mode(planted, grad_off) -> None:
+    """CRI needs no gradient: under each grad-off context it runs the same code on the
+    same inputs (greedy decode included), so its scores are the plain call's bit for bit."""
+    model, trials = planted
+    kw = dict(batch_size=3, max_new_tokens=3, progress=False)
+    plain = patch_heads(model, trials, **kw)
+    assert plain.meta["n_accepted"] == 2
+    with grad_off.context():
+        got = patch_heads(model, trials, **kw)
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    torch.testing.assert_close(got.trial_scores, plain.trial_scores, rtol=0, atol=0)
+
+
 def test_compare_rankings_known_values() -> None:
     a = torch.arange(12, dtype=torch.float64).reshape(6, 2)
     same = compare_rankings(a, a * 3 + 1, ks=(2, 4)).set_index("bucket")

@@ -102,7 +102,7 @@ def test_question_found_from_text(qwen3) -> None:
 def test_qrhead_errors(qwen3) -> None:
     tokens = list(range(5, 35))
     bare = Trial(tokens=tokens, needle_span=(5, 9), answer="x")
-    with pytest.raises(TrialError, match="has no question for QRHead"):
+    with pytest.raises(TrialError, match="no question for QRHead"):
         qrhead_trial(qwen3, bare)
     absent = Trial(tokens=tokens, needle_span=(5, 9), answer="x",
                    meta={"question": "Who lives next to the Semper Opera House?"})
@@ -121,6 +121,48 @@ def test_qrhead_errors(qwen3) -> None:
         qrhead_trial(qwen3, ok, null_question=[])
     with pytest.raises(ValueError, match="unknown span"):
         qrhead_heads(qwen3, [ok], span="question")
+
+
+def _asked(n: int) -> list[Trial]:
+    """``n`` distinct trials with a question span after their needle."""
+    return [Trial(tokens=list(range(5 + i, 35 + i)), needle_span=(5, 9), answer="x",
+                  meta={"question_span": [20, 24]}) for i in range(n)]
+
+
+def test_qrhead_refuses_bad_trials_before_any_forward(qwen3, forward_count) -> None:
+    """Every trial is checked before the first forward pass: a last trial without a
+    question is refused with no forward run (it was refused after the others' two
+    forwards each), and two bad trials are named in one error."""
+    good = _asked(3)
+    bare = Trial(tokens=list(range(40, 70)), needle_span=(5, 9), answer="x")
+    with pytest.raises(TrialError, match=rf"^qrhead_heads: trial 3 \({bare.trial_id}\): no "
+                                         r"question for QRHead: give meta\['question'\]"):
+        qrhead_heads(qwen3, [*good, bare], progress=False)
+    after = Trial(tokens=list(range(50, 80)), needle_span=(20, 24), answer="x",
+                  meta={"question_span": [10, 14]})
+    with pytest.raises(TrialError) as err:
+        lt.score_trials(qwen3, [good[0], after, good[1], bare], method="qrhead",
+                        progress=False)
+    assert str(err.value).splitlines() == [
+        "score_trials: 2 of 4 trials cannot run:",
+        f"  trial 1 ({after.trial_id}): the needle span [20, 24) is not before the question "
+        "[10, 14): the question cannot attend to it",
+        f"  trial 3 ({bare.trial_id}): no question for QRHead: give meta['question'] (its "
+        "text), meta['question_span'] = [start, end) or meta['query_start']",
+    ]
+    assert forward_count.n == 0
+
+
+def test_qrhead_under_no_grad_and_inference_mode(qwen3, grad_off) -> None:
+    """QRHead needs no gradient: under each grad-off context it runs the same code on
+    the same inputs, so its scores equal the plain call's bit for bit."""
+    trials = _asked(2)
+    plain = qrhead_heads(qwen3, trials, progress=False)
+    with grad_off.context():
+        got = qrhead_heads(qwen3, trials, progress=False)
+        assert not torch.is_grad_enabled()
+    assert torch.is_grad_enabled() and not torch.is_inference_mode_enabled()
+    torch.testing.assert_close(got.trial_scores, plain.trial_scores, rtol=0, atol=0)
 
 
 @pytest.fixture(scope="module")

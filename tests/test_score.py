@@ -141,6 +141,33 @@ def test_bad_inputs_fail_before_any_work(qwen3, trials, monkeypatch):
         score_trials(qwen3, trials, max_new_tokens=0)
 
 
+def test_every_method_checks_every_trial_before_the_decode_pass(qwen3, trials,
+                                                                forward_count):
+    """LOCOS beside QRHead: a last trial without a question is refused before the shared
+    decode pass (it was refused after the decode pass of every trial, and with no
+    ``out_dir`` that work was lost); bad trials are all named in one error."""
+    asked = [Trial(tokens=t.tokens, needle_span=t.needle_span, answer=t.answer,
+                   meta={"question_span": [20, 24]}) for t in trials[:3]]
+    bare = trials[3]
+    with pytest.raises(TrialError, match=rf"^score_methods: trial 3 \({bare.trial_id}\): no "
+                                         "question for QRHead"):
+        score_methods(qwen3, [*asked, bare], methods=["locos", "qrhead"], max_new_tokens=4,
+                      progress=False)
+    n_ctx = int(qwen3.cfg.n_ctx)
+    long = Trial(tokens=[1] * (n_ctx - 2), needle_span=(0, 3), answer="x")
+    oov = Trial(tokens=[1, 2, 10**6], needle_span=(0, 1), answer="x")
+    with pytest.raises(TrialError) as err:
+        score_trials(qwen3, [trials[0], long, oov], max_new_tokens=8, progress=False)
+    assert str(err.value).splitlines() == [
+        "score_trials: 2 of 3 trials cannot run:",
+        f"  trial 1 ({long.trial_id}): prompt of {n_ctx - 2} tokens + 8 new tokens is longer "
+        f"than the model's context n_ctx={n_ctx}",
+        f"  trial 2 ({oov.trial_id}): token id 1000000 outside the model's vocabulary of "
+        f"{qwen3.cfg.d_vocab} (trials built with another tokenizer?)",
+    ]
+    assert forward_count.n == 0
+
+
 def test_resume_refuses_another_dtype(qwen3, tiny_dirs, own_answer_trials, tmp_path):
     from locos_tl import load_model
 

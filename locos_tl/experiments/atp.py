@@ -54,6 +54,7 @@ from locos_tl.engine.forward import _new_cache
 from locos_tl.engine.interventions import intervene
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import warn_caller
+from locos_tl.experiments.methods import check_trials
 from locos_tl.experiments.patching import (
     CORRUPTIONS,
     DEFAULT_FILLER,
@@ -69,7 +70,6 @@ from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import run_records
-from locos_tl.runs.runner import check_trials_fit
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 
 Metric = Literal["logit_diff"]
@@ -89,17 +89,23 @@ def atp_from_z(
 
 def _grad_run(
     model: Any, ids: Int[Tensor, "1 pos"], *, start: int, cache: Any, n_layers: int,
-) -> tuple[Tensor, dict[int, Tensor], dict[int, Tensor]]:
-    """Run ``ids[:, start:]`` on ``cache`` with autograd at every ``hook_z``.
+    gold: int,
+) -> tuple[Tensor, int, dict[int, Tensor], list[Tensor]]:
+    """Run ``ids[:, start:]`` on ``cache`` with autograd at every ``hook_z``, and take the
+    gradient of the metric ``logit[gold] - logit[cf]`` (``cf``: the run's argmax, gold
+    excluded).
 
     Each hook returns ``z + delta`` with ``delta`` a zero leaf, so ``dm/d delta`` is the
-    total derivative of a metric with respect to that layer's ``z`` (every path through
+    total derivative of the metric with respect to that layer's ``z`` (every path through
     later layers kept). Runs on the SDPA twin when it reproduces the hooks, else on the
-    bridge (:func:`~locos_tl.engine.interventions.intervene`).
+    bridge (:func:`~locos_tl.engine.interventions.intervene`). The forward, the metric
+    and the backward all run with autograd on, whatever the caller's grad mode
+    (``torch.no_grad``, ``torch.set_grad_enabled(False)``); under ``torch.inference_mode``
+    the caller (:func:`atp_trial`) has turned inference mode off.
 
     Returns:
-        ``(last-position logits [d_vocab], z per layer [pos, n_heads, d_head] (detached),
-        delta per layer)``.
+        ``(metric (0-d, detached), cf, z per layer [pos, n_heads, d_head] (detached),
+        dm/dz per layer [1, pos, n_heads, d_head])``.
     """
     zs: dict[int, Tensor] = {}
     deltas: dict[int, Tensor] = {}
@@ -119,9 +125,16 @@ def _grad_run(
                           logits_to_keep=1).logits
         else:
             logits = model(chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    return logits[0, -1], zs, deltas
+        last = logits[0, -1]
+        masked = last.detach().float().clone()
+        masked[gold] = float("-inf")
+        cf = int(masked.argmax())
+        m = _logit_diff(last, gold, cf)
+        grads = torch.autograd.grad(m, [deltas[l] for l in range(n_layers)])
+    return m.detach(), cf, zs, list(grads)
 
 
+@torch.inference_mode(False)  # the backward needs tensors made outside inference mode
 def atp_trial(
     model: Any,
     trial: Trial,
@@ -168,19 +181,14 @@ def atp_trial(
         model, clean, chunk_size=chunk_size, start=shared, cache=_copy_cache(prefix_cache),
         fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep_z) for l in range(L)])[0]
     gold = max(sorted(golds), key=lambda t: float(clean_logits[t]))
-    logits, z_corr, deltas = _grad_run(model, corr, start=shared,
-                                       cache=_copy_cache(prefix_cache), n_layers=L)
-    masked = logits.detach().float().clone()
-    masked[gold] = float("-inf")
-    cf = int(masked.argmax())
-    m = _logit_diff(logits, gold, cf)
-    grads = torch.autograd.grad(m, [deltas[l] for l in range(L)])
+    m, cf, z_corr, grads = _grad_run(model, corr, start=shared,
+                                     cache=_copy_cache(prefix_cache), n_layers=L, gold=gold)
     atp = torch.stack([atp_from_z(torch.cat(z_clean[l]), z_corr[l], grads[l][0])
                        for l in range(L)]).cpu()  # [n_layers, n_heads]
     record.update({
         "accepted": True, "gold": gold, "counterfactual": cf, "prefix_len": len(prefix),
         "metric_clean": float(_logit_diff(clean_logits, gold, cf)),
-        "metric_corrupted": float(m.detach()), "scores": {"atp": atp.tolist()},
+        "metric_corrupted": float(m), "scores": {"atp": atp.tolist()},
         "n_forwards": 2, "n_backwards": 1, "shared_prefix": shared,
     })
     return record
@@ -226,8 +234,9 @@ def atp_heads(
 
     Raises:
         ValueError: unknown corruption, metric or answer position.
-        TrialError: a bare Trial, a trial that does not fit the model or cannot be
-            corrupted.
+        TrialError: a bare Trial; trials that do not fit the model or cannot be
+            corrupted, all named in one error before any forward pass
+            (:func:`~locos_tl.experiments.methods.check_trials`).
         LocosError: ``out_dir`` holds a run with other settings or trials.
 
     Warns:
@@ -241,7 +250,9 @@ def atp_heads(
     if metric not in get_args(Metric):
         raise ValueError(f"unknown metric {metric!r}; use one of {list(get_args(Metric))}")
     trials = as_trial_list(trials, "atp_heads")
-    check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)
+    check_trials(model, trials, ["atp"], where="atp_heads", max_new_tokens=max_new_tokens,
+                 answer_position=answer_position, corruption=corruption, filler=filler,
+                 swap_names=swap_names)  # every trial, before any forward pass
     settings = {**model_settings(model), "dtype": model_dtype(model), "method": "atp",
                 "metric": metric, "corruption": corruption,
                 "filler": filler if isinstance(filler, str) else [int(x) for x in filler],

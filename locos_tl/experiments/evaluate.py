@@ -52,7 +52,12 @@ from locos_tl.experiments.dissociation import (  # noqa: F401  (re-exported: old
     dissociation_score,
     summarize,
 )
-from locos_tl.experiments.margin import candidate_token_ids, margin_of_logprobs
+from locos_tl.experiments.margin import (
+    candidate_token_ids,
+    margin_of_logprobs,
+    margin_scorable,
+)
+from locos_tl.experiments.methods import check_trials, fits_decode
 from locos_tl.experiments.run_table import (
     AblationJob,
     directory_table,
@@ -60,7 +65,6 @@ from locos_tl.experiments.run_table import (
     read_jobs,
     record_jobs,
 )
-from locos_tl.experiments.score import check_trials_fit
 from locos_tl.experiments.stats import check_confidence
 from locos_tl.experiments.task_metrics import (
     Scorer,
@@ -215,7 +219,9 @@ def ablation_sweep(
             integer, a k below 1 or above ``n_layers * n_heads`` (nothing is dropped
             silently).
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
-            non-Trial; a trial does not fit the model.
+            non-Trial; trials that do not fit the model or (``name_margin``) lack
+            distractor names, all named in one error before any generation
+            (:func:`~locos_tl.experiments.methods.check_trials`).
         LocosError: ``out_dir`` holds a run made with other settings or over another
             trial set (with ``extend``: over a trial that is not in ``trials``).
     """
@@ -233,7 +239,10 @@ def ablation_sweep(
     score_fn = get_scorer(scorer)
     stop_rule = check_stop_rule(stop_rule)
     trials = as_trial_list(trials, "evaluate")
-    check_trials_fit(model, trials, max_new_tokens)
+    if name_margin is None:
+        name_margin = bool(trials) and all(t.meta.get("distractor_names") for t in trials)
+    check_trials(model, trials, where="ablation_sweep", max_new_tokens=max_new_tokens,
+                 checks=(fits_decode, *((margin_scorable,) if name_margin else ())))
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     k, seeds, jobs, skipped = plan_grid(model, head_sets, k, seeds, random=random,
                                         bottom=bottom)
@@ -275,9 +284,6 @@ def ablation_sweep(
         store.write_meta(provenance(model, settings))
     if on_resume is not None and store is not None:
         on_resume(len(sets) * len(trials) - len(todo), len(sets) * len(trials))
-
-    if name_margin is None:
-        name_margin = bool(trials) and all(t.meta.get("distractor_names") for t in trials)
 
     def keep(key: str, t: Trial, text: str, generated: list[int], stopped_by: str,
              margin: float | None = None) -> None:

@@ -35,7 +35,7 @@ def candidate_names(trial: Trial) -> tuple[str, list[str]]:
     """
     rivals = list(trial.meta.get("distractor_names") or [])
     if not rivals:
-        raise TrialError(f"trial {trial.trial_id} has no distractor names; build it with "
+        raise TrialError(f"trial {trial.trial_id}: no distractor names; build it with "
                          "`locos build-trials nolima --distractors N`")
     return str(trial.meta.get("character") or trial.answer), [str(r) for r in rivals]
 
@@ -191,6 +191,19 @@ def candidate_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
     target, rivals = candidate_names(trial)
     prefix, context = name_prefix(trial), trial_context(tokenizer, trial)
     return names_token_ids(tokenizer, [target, *rivals], prefix, context=context)
+
+
+def margin_scorable(model: Any, trial: Trial, options: Any = None) -> str | None:
+    """Why ``trial``'s name margin cannot be scored on ``model`` (None: it can): no
+    distractor names, a name that tokenizes to nothing, or the prompt plus the longest
+    name longer than ``n_ctx``. A per-trial check of
+    :func:`locos_tl.experiments.methods.check_trials` (``options`` unused)."""
+    try:
+        check_continuations(model, trial.n_tokens, candidate_token_ids(model.tokenizer, trial),
+                            what="name")
+    except TrialError as exc:
+        return str(exc)
+    return None
 
 
 def margin_of_logprobs(trial: Trial, logp: Sequence[float] | Tensor) -> dict[str, Any]:

@@ -27,7 +27,7 @@ import copy
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, get_args
 
 import torch
 from jaxtyping import Float, Int
@@ -40,90 +40,25 @@ from locos_tl.engine.forward import _new_cache
 from locos_tl.engine.interventions import intervene
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, keep_resid_pre, start_at_layer
 from locos_tl.engine.twin import sdpa_twin
-from locos_tl.errors import TrialError, warn_caller
+from locos_tl.errors import warn_caller
+from locos_tl.experiments.corruption import (  # re-exported: the names stay importable here
+    CORRUPTIONS,
+    DEFAULT_FILLER,
+    DEFAULT_SWAP_NAMES,
+    AnswerPosition,
+    Corruption,
+    corrupt_tokens,
+)
+from locos_tl.experiments.methods import check_trials
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import RecordStore
-from locos_tl.runs.runner import check_trials_fit
-from locos_tl.tokenize import check_no_bos, encode_fragment
 from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 
-Corruption = Literal["filler", "name_swap"]
-CORRUPTIONS: tuple[str, ...] = get_args(Corruption)
-AnswerPosition = Literal["generated", "prompt_end"]
-
-#: Classic needle-in-a-haystack filler; tokenized and cycled to the needle's length.
-DEFAULT_FILLER = ("The grass is green. The sky is blue. The sun is yellow. "
-                  "Here we go. There and back again. ")
-#: Replacement names for ``corruption="name_swap"`` (the first one of matching token
-#: length that differs from the gold answer is used).
-DEFAULT_SWAP_NAMES = ("Yuki", "Stuart", "Katie", "Veronica", "Gary", "Megan", "Calvin",
-                      "Mandy", "Diana", "Caleb", "Emma", "Nathan", "Olivia", "Leo")
 RESUME_KEYS = ("model", "dtype", "corruption", "answer_position", "max_new_tokens", "filler",
                "swap_names")
-
-
-def corrupt_tokens(
-    tokenizer: Any,
-    trial: Trial,
-    corruption: Corruption = "filler",
-    *,
-    filler: str | Sequence[int] = DEFAULT_FILLER,
-    swap_names: Sequence[str] = DEFAULT_SWAP_NAMES,
-) -> list[int]:
-    """The trial's prompt with its needle corrupted; same length as the clean prompt.
-
-    Args:
-        tokenizer: the model's tokenizer (or the bridge); fragments are encoded by
-            :func:`locos_tl.tokenize.encode_fragment` (no special tokens), so the
-            corrupted prompt keeps the clean prompt's BOS at position 0 and gets none
-            elsewhere.
-        trial: the clean trial.
-        corruption: ``"filler"`` replaces every needle token by filler tokens (``filler``
-            text tokenized without special tokens, or ids, cycled); ``"name_swap"``
-            replaces each occurrence of the gold answer's tokens inside the needle by
-            another name of the same token length (from ``swap_names``).
-        filler: filler text or token ids.
-        swap_names: candidate replacement names.
-
-    Raises:
-        ValueError: unknown corruption, or empty filler.
-        TrialError: ``name_swap`` finds no answer tokens in the needle, or no candidate
-            name of the same token length; the filler holds the checkpoint's BOS.
-    """
-    if corruption not in CORRUPTIONS:
-        raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
-    toks = list(trial.tokens)
-    s, e = trial.needle_span
-    if corruption == "filler":
-        fill = (encode_fragment(tokenizer, filler) if isinstance(filler, str)
-                else [int(x) for x in filler])
-        if not fill:
-            raise ValueError("filler has no token")
-        toks[s:e] = [fill[i % len(fill)] for i in range(e - s)]
-        check_no_bos(tokenizer, fill, start=0, what="filler")
-        return toks
-    needle = toks[s:e]
-    for variant in answer_token_variants(tokenizer, trial.answer):
-        hits = [i for i in range(len(needle) - len(variant) + 1)
-                if needle[i : i + len(variant)] == variant]
-        if not hits:
-            continue
-        lead = " " if tokenizer.decode(variant[:1]).startswith(" ") else ""
-        for name in swap_names:
-            if name.strip().lower() == trial.answer.strip().lower():
-                continue
-            cand = encode_fragment(tokenizer, lead + name.strip())
-            if len(cand) == len(variant):
-                for i in hits:
-                    needle[i : i + len(variant)] = cand
-                toks[s:e] = needle
-                return toks
-        raise TrialError(f"no swap name tokenizes to {len(variant)} token(s) like "
-                         f"{trial.answer!r}; pass swap_names")
-    raise TrialError(f"answer {trial.answer!r} does not occur in the needle tokens")
 
 
 def default_batch_size(device: torch.device | str) -> int:
@@ -436,8 +371,10 @@ def patch_heads(
     Raises:
         ValueError: unknown corruption or answer position.
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
-            non-Trial; a trial does not fit the model (the prompt, plus ``max_new_tokens``
-            with ``"generated"``) or cannot be corrupted.
+            non-Trial; trials that do not fit the model (the prompt, plus
+            ``max_new_tokens`` with ``"generated"``) or cannot be corrupted, all named
+            in one error before any forward pass
+            (:func:`~locos_tl.experiments.methods.check_trials`).
         LocosError: ``out_dir`` holds a run with other settings or another trial set
             (with ``extend``: over a trial that is not in ``trials``).
 
@@ -450,9 +387,9 @@ def patch_heads(
     if corruption not in CORRUPTIONS:
         raise ValueError(f"unknown corruption {corruption!r}; use one of {list(CORRUPTIONS)}")
     trials = as_trial_list(trials, "patch_heads")
-    # "prompt_end" reads the last prompt position and generates nothing: only the prompt
-    # must fit (with max_new_tokens=1 the check is N <= n_ctx)
-    check_trials_fit(model, trials, 1 if answer_position == "prompt_end" else max_new_tokens)
+    check_trials(model, trials, ["cri"], where="patch_heads", max_new_tokens=max_new_tokens,
+                 answer_position=answer_position, corruption=corruption, filler=filler,
+                 swap_names=swap_names)  # every trial, before any forward pass
     if batch_size is None:
         batch_size = default_batch_size(next(model.original_model.parameters()).device)
     settings = {**model_settings(model), "dtype": model_dtype(model), "method": "cri",

@@ -23,9 +23,9 @@ head's attention to the needle beyond what a content-free question does.
 
 Differences from the release, by choice: its query span also covers the instruction
 before the question and the chat template's suffix after it (here: the question's own
-tokens, :func:`question_span`), and before summing over a document it zeroes the
-calibrated per-token scores below ``mean - 2 std`` of that document's tokens
-(``outlier_mask=True`` does that; default off, the equations above).
+tokens, :func:`~locos_tl.experiments.question.question_span`), and before summing over
+a document it zeroes the calibrated per-token scores below ``mean - 2 std`` of that
+document's tokens (``outlier_mask=True`` does that; default off, the equations above).
 
 Cost per trial: two forwards of the prompt up to the question's end, sharing the KV cache
 of the context before the question (one prefill, then the question and the null question
@@ -44,73 +44,18 @@ from jaxtyping import Float
 from torch import Tensor
 
 from locos_tl.engine.forward import fork_cache, prefill
-from locos_tl.errors import TrialError
-from locos_tl.head_spec import as_int
+from locos_tl.experiments.methods import check_trials
+from locos_tl.experiments.question import (  # noqa: F401  (question_span re-exported)
+    qrhead_inputs,
+    question_span,
+)
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import run_records
-from locos_tl.runs.runner import check_trials_fit
-from locos_tl.tokenize import encode_fragment, encode_prompt
-from locos_tl.trial_tokenizer import span_from_offsets
-from locos_tl.trials import Trial, as_span, as_trial_list, trial_set_hash
+from locos_tl.trials import Trial, as_trial_list, trial_set_hash
 
 RESUME_KEYS = ("model", "dtype", "method", "null_question", "span", "outlier_mask")
-
-
-def _find_text(tokenizer: Any, trial: Trial, text: str) -> tuple[int, int] | None:
-    """Token span of the last occurrence of ``text`` in the trial: from the prompt's
-    character offsets when re-encoding ``trial.prompt`` gives ``trial.tokens``, else by
-    searching its tokens (with and without a leading space)."""
-    if trial.prompt and text in trial.prompt:
-        start = trial.prompt.rfind(text)
-        for bos in ("checkpoint", "none"):
-            ids, offsets = encode_prompt(tokenizer, trial.prompt, bos=bos)  # type: ignore[arg-type]
-            if tuple(ids) == tuple(trial.tokens):
-                try:
-                    return span_from_offsets(offsets, start, start + len(text), trial.prompt)
-                except TrialError:
-                    break
-    toks, found = list(trial.tokens), None
-    for variant in (text, " " + text):
-        ids = encode_fragment(tokenizer, variant)
-        at = [i for i in range(len(toks) - len(ids) + 1) if toks[i : i + len(ids)] == ids]
-        if ids and at and (found is None or at[-1] > found[0]):
-            found = (at[-1], at[-1] + len(ids))
-    return found
-
-
-def question_span(tokenizer: Any, trial: Trial) -> tuple[int, int]:
-    """The token span ``[a, b)`` of the trial's question, from its ``meta``.
-
-    In order: ``meta["question_span"]`` (``[a, b)``); ``meta["question"]``, the
-    question's text (NoLiMa and NIAH trials), found at its last occurrence in the prompt;
-    ``meta["query_start"]`` (organism trials: the question runs from there to the end;
-    negative counts from the end).
-
-    Raises:
-        TrialError: none of them, a question text that does not occur in the prompt's
-            tokens, or a span outside the prompt (the message names the trial).
-    """
-    meta, n = trial.meta or {}, trial.n_tokens
-    where = f"trial {trial.trial_id}"
-    if meta.get("question_span") is not None:
-        return as_span(meta["question_span"], n, f"{where}: meta['question_span']",
-                       name=f"{where}: question span")
-    q = meta.get("question")
-    if isinstance(q, str) and q.strip():
-        span = _find_text(tokenizer, trial, q.strip())
-        if span is None:
-            raise TrialError(f"{where}: its question {q.strip()[:80]!r} (meta['question']) "
-                             "does not occur in its tokens; give meta['question_span'] = "
-                             "[start, end), the question's token span")
-        return span
-    if meta.get("query_start") is not None:
-        qs = as_int(meta["query_start"], f"{where}: meta['query_start']", TrialError)
-        return as_span((qs + n if qs < 0 else qs, n), n, f"{where}: meta['query_start']",
-                       name=f"{where}: question span")
-    raise TrialError(f"{where} has no question for QRHead: give meta['question'] (its "
-                     "text), meta['question_span'] = [start, end) or meta['query_start']")
 
 
 def _rows(model: Any, cache: Any, ids: Sequence[int], start: int,
@@ -166,22 +111,10 @@ def qrhead_trial(
     masses ``s``), ``n_forwards`` (2).
 
     Raises:
-        TrialError: no question (:func:`question_span`); the span is not before it; an
-            empty null question.
+        TrialError: no question; the span is not before it; an
+            empty null question (:func:`~locos_tl.experiments.question.qrhead_inputs`).
     """
-    a, b = question_span(model.tokenizer, trial)
-    s, e = trial.span(span)
-    if e > a:
-        raise TrialError(f"trial {trial.trial_id}: the {span} span [{s}, {e}) is not "
-                         f"before the question [{a}, {b}): the question cannot attend to it")
-    if isinstance(null_question, str):
-        lead = " " if model.tokenizer.decode(list(trial.tokens[a : a + 1])).startswith(" ") \
-            else ""
-        null_ids = encode_fragment(model.tokenizer, lead + null_question.strip())
-    else:
-        null_ids = [int(x) for x in null_question]
-    if not null_ids:
-        raise TrialError(f"null question {null_question!r} has no token")
+    (a, b), (s, e), null_ids = qrhead_inputs(model.tokenizer, trial, span, null_question)
     device = next(model.original_model.parameters()).device
     cache = prefill(model, torch.tensor([list(trial.tokens[:a])], device=device))
     rows = _rows(model, cache, trial.tokens[a:b], a)
@@ -209,7 +142,8 @@ def qrhead_heads(
 
     Args:
         model: a TransformerBridge.
-        trials: trials whose question can be located (:func:`question_span`).
+        trials: trials whose question can be located
+            (:func:`~locos_tl.experiments.question.question_span`).
         null_question: the content-free question (text, with the question's leading
             space; or token ids), ``"N/A"`` as in the paper.
         span: the document: ``"needle"`` (default) or ``"answer"`` (``Trial.span``).
@@ -224,15 +158,17 @@ def qrhead_heads(
 
     Raises:
         ValueError: unknown span.
-        TrialError: a bare Trial; a trial without a locatable question or with its span
-            not before the question; one that does not fit the model
-            (:func:`~locos_tl.runs.runner.check_trials_fit`).
+        TrialError: a bare Trial; trials without a locatable question, with the span
+            not before the question or that do not fit the model, all named in one
+            error before any forward pass
+            (:func:`~locos_tl.experiments.methods.check_trials`).
         LocosError: ``out_dir`` holds a run with other settings or trials.
     """
     if span not in ("needle", "answer"):
         raise ValueError(f"unknown span {span!r}; use 'needle' or 'answer'")
     trials = as_trial_list(trials, "qrhead_heads")
-    check_trials_fit(model, trials, 1)  # the prompt alone must fit
+    check_trials(model, trials, ["qrhead"], where="qrhead_heads", spans={"qrhead": span},
+                 null_question=null_question)  # every trial, before any forward pass
     settings = {**model_settings(model), "dtype": model_dtype(model), "method": "qrhead",
                 "null_question": null_question if isinstance(null_question, str)
                 else [int(x) for x in null_question], "span": span,

@@ -20,11 +20,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from locos_tl.detectors import FORWARD_METHODS, SPAN_NAMES
+from locos_tl.detectors import FORWARD_METHODS, SPAN_NAMES, get_detector
 from locos_tl.engine.answers import GATE_THRESHOLD
 from locos_tl.engine.forward import engine_paths
 from locos_tl.engine.stops import StopRule
 from locos_tl.engine.unembed import AnswerDirections
+from locos_tl.experiments.methods import check_trials
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
@@ -50,6 +51,7 @@ from locos_tl.runs.runner import (  # re-exported: the runner's names stay impor
     run_trial,
     write_acceptance,
 )
+from locos_tl.trials import as_trial_list
 
 __all__ = ["RESUME_KEYS", "aggregate", "check_spans", "check_trials_fit",
            "finished_record", "method_spans", "model_dtype", "non_finite_record",
@@ -213,7 +215,9 @@ def score_methods(
         ValueError: unknown method, variant or span, a span override for a method
             that is not scored (or for ``atp``), or ``atp``/``qrhead`` with Ray workers.
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
-            non-Trial; a trial does not fit the model (checked before any decoding).
+            non-Trial; trials that do not fit the model or that a method cannot score
+            (a QRHead trial without a question, ...), all named in one error before any
+            forward pass (:func:`~locos_tl.experiments.methods.check_trials`).
         LocosError: ``out_dir`` holds a run made with other settings or over another
             trial set (the message names both trial-set hashes).
         DistributedError: ``workers`` > 1 without Ray installed (says how to install it).
@@ -259,6 +263,11 @@ def score_methods(
         if (spans or {}).get("qrhead", "needle") not in SPAN_NAMES:
             raise ValueError(f"unknown span {spans['qrhead']!r} for qrhead; use 'needle' "
                              "or 'answer'")
+        for m in decode:  # an unknown name is refused before the trials are checked
+            get_detector(m)
+        trials = as_trial_list(trials, _caller)
+        check_trials(model, trials, methods, where=_caller, spans=spans,
+                     max_new_tokens=max_new_tokens)  # every method's, before any forward
         result = score_methods(
             model, trials, methods=decode, variant=variant, max_new_tokens=max_new_tokens,
             out_dir=out_dir, seed=seed, gate_threshold=gate_threshold, progress=progress,
@@ -289,6 +298,8 @@ def score_methods(
             chunk_size=chunk_size, decode_engine=decode_engine, on_resume=on_resume,
             on_record=on_record, **run_args, **dist), keep)
     opts = check_run_options(trials, **run_args)  # type: ignore[arg-type]
+    check_trials(model, opts.trials, opts.methods, where=_caller, spans=spans,
+                 max_new_tokens=opts.max_new_tokens)  # every trial, before any forward
     identity = model_settings(model)
     run = ScoringRun(opts, model, model_name=identity["model"], dtype=model_dtype(model),
                      out_dir=out_dir, model_hashes=identity.get("model_hashes"))

@@ -30,6 +30,7 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from locos_tl.engine.ablation import AblationMeans, AblationMode, ablate, check_mode
+from locos_tl.engine.continuations import check_continuations
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix, reuse_allowed
 from locos_tl.engine.teacher_forcing import continuation_logprobs
 from locos_tl.errors import TrialError
@@ -40,7 +41,7 @@ from locos_tl.experiments.margin import (
     names_token_ids,
     trial_context,
 )
-from locos_tl.experiments.score import check_trials_fit
+from locos_tl.experiments.methods import check_trials, fits_prompt
 from locos_tl.head_spec import HeadLike
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
@@ -68,6 +69,19 @@ def answer_token_ids(tokenizer: Any, trial: Trial) -> list[list[int]]:
     names += [str(n) for n in trial.meta.get("distractor_names") or []]
     prefix, context = name_prefix(trial), trial_context(tokenizer, trial)
     return names_token_ids(tokenizer, names, prefix, context=context)
+
+
+def names_scorable(model: Any, trial: Trial, options: Any = None) -> str | None:
+    """Why the names of :func:`answer_token_ids` cannot be scored after ``trial``'s
+    prompt (None: they can): a name that tokenizes to nothing, or the prompt plus the
+    longest name longer than ``n_ctx``. A per-trial check of
+    :func:`locos_tl.experiments.methods.check_trials` (``options`` unused)."""
+    try:
+        check_continuations(model, trial.n_tokens, answer_token_ids(model.tokenizer, trial),
+                            what="name")
+    except TrialError as exc:
+        return f"trial {trial.trial_id}: {exc}"
+    return None
 
 
 def _record(key: str, n_heads: int, t: Trial, logp: Sequence[float]) -> dict[str, Any]:
@@ -151,9 +165,9 @@ def teacher_forced_sweep(
         raise TrialError("teacher_forced_sweep() got no trial: pass a non-empty list")
     ks, seeds, jobs, skipped = plan_grid(model, head_sets, k, seeds, random=random,
                                          bottom=bottom)
+    check_trials(model, trials, where="teacher_forced_sweep",
+                 checks=(fits_prompt, names_scorable))  # every trial, before any forward
     names = {t.trial_id: answer_token_ids(model.tokenizer, t) for t in trials}
-    longest = max((len(n) for ns in names.values() for n in ns), default=1)
-    check_trials_fit(model, trials, longest)
     # an outer ablate() or steering hook: recompute every prompt (warned once)
     reuse_prefix = reuse_allowed(model, reuse_prefix, "teacher_forced_sweep")
     settings = {**model_settings(model), "dtype": model_dtype(model), "mode": mode,

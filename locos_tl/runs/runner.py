@@ -118,37 +118,45 @@ def check_spans(spans: dict[str, str] | None, methods: Sequence[str]) -> dict[st
     return spans
 
 
+def fit_problem(model: Any, trial: Trial, max_new_tokens: int) -> str | None:
+    """Why ``trial`` cannot run on ``model`` with ``max_new_tokens`` new tokens (None: it
+    can): its prompt plus the new tokens (the last one is never fed) longer than
+    ``cfg.n_ctx``, or a token id outside the vocabulary (``cfg.d_vocab``)."""
+    n_ctx = getattr(model.cfg, "n_ctx", None)
+    if n_ctx and trial.n_tokens + max_new_tokens - 1 > n_ctx:
+        return (f"prompt of {trial.n_tokens} tokens + {max_new_tokens} new tokens is longer "
+                f"than the model's context n_ctx={n_ctx}")
+    d_vocab = int(model.cfg.d_vocab)
+    if max(trial.tokens) >= d_vocab or min(trial.tokens) < 0:
+        return (f"token id {max(trial.tokens)} outside the model's vocabulary of {d_vocab} "
+                "(trials built with another tokenizer?)")
+    return None
+
+
 def check_trials_fit(model: Any, trials: Sequence[Trial], max_new_tokens: int) -> None:
     """Fail before any work when a trial cannot run on ``model``.
 
-    The one entry check of scoring, ablation and teacher-forced sweeps and patching.
+    The entry check of the runs outside :mod:`locos_tl.experiments.methods`'s per-trial
+    checks (a scoring run's :class:`ScoringRun`, score attribution, cross-model runs).
     Trials built by another tokenizer than the model's are refused first
     (:func:`locos_tl.trials.check_trials_tokenizer`; trials without a tokenizer
-    fingerprint run, with one warning).
+    fingerprint run, with one warning); then every trial that does not fit
+    (:func:`fit_problem`), all in one error.
 
     Raises:
-        TrialError: a trial built by another tokenizer (the message names both), a
-            prompt (+ ``max_new_tokens``) longer than ``n_ctx``, a token id outside the
-            vocabulary, or a needle span outside its prompt.
+        TrialError: a trial built by another tokenizer (the message names both); a
+            prompt (+ ``max_new_tokens``) longer than ``n_ctx`` or a token id outside
+            the vocabulary (the message names each such trial, index and id).
     """
-    n_ctx = getattr(model.cfg, "n_ctx", None)
-    d_vocab = int(model.cfg.d_vocab)
     for i, t in enumerate(trials):
         if not isinstance(t, Trial):
             raise TrialError(f"trials[{i}] is a {type(t).__name__}, not a Trial (build "
                              "trials with locos_tl.build_*_trials, Trial(...) or load_trials)")
     check_trials_tokenizer(model, trials)
-    for i, t in enumerate(trials):
-        if n_ctx and t.n_tokens + max_new_tokens - 1 > n_ctx:
-            raise TrialError(
-                f"trial {i} ({t.trial_id}): prompt of {t.n_tokens} tokens + {max_new_tokens} "
-                f"new tokens is longer than the model's context n_ctx={n_ctx}"
-            )
-        if max(t.tokens) >= d_vocab or min(t.tokens) < 0:
-            raise TrialError(
-                f"trial {i} ({t.trial_id}): token id {max(t.tokens)} outside the model's "
-                f"vocabulary of {d_vocab} (trials built with another tokenizer?)"
-            )
+    bad = [(i, t.trial_id, p) for i, t in enumerate(trials)
+           if (p := fit_problem(model, t, max_new_tokens)) is not None]
+    if bad:
+        raise TrialError.of_trials(bad, len(trials))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from locos_tl.errors import LocosError, warn_caller
+from locos_tl.errors import LocosError, TrialError, warn_caller
 from locos_tl.experiments.compress.budgets import as_score_array, kv_budgets
 from locos_tl.experiments.compress.cache import cache_capacity, compression_twin
 from locos_tl.experiments.compress.fractions import check_fractions
@@ -26,9 +26,22 @@ from locos_tl.experiments.compress.generate import (
     prefill_context,
     query_start_of,
 )
-from locos_tl.trials import as_trial_list, check_trials_tokenizer
+from locos_tl.experiments.methods import check_trials
+from locos_tl.trials import Trial, as_trial_list
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+
+
+def _query_start_problem(model: Any, trial: Trial, options: Any) -> str | None:
+    """Why ``trial`` has no usable question start (None: it has one): neither its
+    ``meta["query_start"]`` nor ``options["query_start"]``, or one outside the prompt
+    (:func:`~locos_tl.experiments.compress.generate.query_start_of`)."""
+    own = trial.meta.get("query_start")
+    try:
+        query_start_of(trial, own if own is not None else options.get("query_start"))
+    except TrialError as exc:
+        return str(exc)
+    return None
 
 
 def _budget_key(b: Any) -> tuple:
@@ -126,16 +139,18 @@ def compression_sweep(
         the trial's ``meta["task"]``, ``"(no task)"`` when it has none.
 
     Raises:
-        TrialError: a trial without ``query_start``; a trial built by another tokenizer
-            than the model's (:func:`~locos_tl.trials.check_trials_tokenizer`, before any
-            prefill).
+        TrialError: trials without a ``query_start`` inside their prompt, all named in
+            one error (:func:`~locos_tl.experiments.methods.check_trials`), or built by
+            another tokenizer than the model's
+            (:func:`~locos_tl.trials.check_trials_tokenizer`); both before any prefill.
         LocosError: unknown built-in ranking, a ranking of the wrong shape, a fraction
             outside ``(0, 1]`` or none (:func:`~locos_tl.experiments.compress.fractions.
             check_fractions`), a model compressed decoding cannot run (learned attention
             sinks, no HF twin).
     """
     trials = as_trial_list(trials, "compression_sweep")
-    check_trials_tokenizer(model, trials)
+    check_trials(model, trials, where="compression_sweep", checks=(_query_start_problem,),
+                 query_start=query_start)  # every trial, before any prefill
     if isinstance(include, str):
         include = (include,)
     L, H, n_kv = n_heads_of(model)
