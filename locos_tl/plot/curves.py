@@ -60,8 +60,8 @@ def ablation_curves(
 
     Args:
         df: tidy rows with columns ``method, k, seed, metric, value, n_trials``, as
-            :func:`locos_tl.experiments.evaluate.evaluate` returns (``value``: mean over trials;
-            optional ``ci_low``, ``ci_high``).
+            :func:`locos_tl.experiments.evaluate.ablation_sweep` returns (``value``: mean
+            over trials; optional ``ci_low``, ``ci_high``).
         metrics: which metrics to draw, in order (default: all, in order of appearance).
         log_x: logarithmic k axis (the ``k = 0`` baseline is then a dashed line).
         title: figure title.
