@@ -22,6 +22,7 @@ and -- when the model's geometry is known -- indices outside ``n_layers x n_head
 
 from __future__ import annotations
 
+import numbers
 import operator
 import re
 from collections.abc import Iterable, Mapping
@@ -53,6 +54,27 @@ def model_dims(model: Any) -> tuple[int, int]:
     except (AttributeError, TypeError, ValueError):
         raise HeadSpecError(f"cannot read n_layers / n_heads from {type(model).__name__} "
                             "(expected a TransformerBridge with .cfg)") from None
+
+
+def check_confidence(value: Any, name: str = "confidence") -> float:
+    """``value`` as a confidence level: a real number strictly between 0 and 1.
+
+    Args:
+        value: the level given, e.g. ``0.95`` (not ``95``).
+        name: the argument's name, for the message (``"ci"``, ``"level"``).
+
+    Returns:
+        ``float(value)``.
+
+    Raises:
+        ValueError: ``value`` is not a real number (a bool, a string, None, an array) or
+            not in the open interval (0, 1) (NaN, 0, 1, 95, -0.5), with the message
+            ``"<name> must be a confidence level in (0, 1), such as 0.95; got <value>"``.
+    """
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+        raise ValueError(f"{name} must be a confidence level in (0, 1), such as 0.95; "
+                         f"got {value!r}")
+    return float(value)
 
 
 def as_int(x: Any, what: str, error: type[Exception] = HeadSpecError) -> int:

@@ -23,8 +23,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from locos_tl.errors import DataFormatError, NoAcceptedTrialError, warn_caller
-from locos_tl.experiments.stats import check_confidence
-from locos_tl.head_spec import HeadSpecError, as_count
+from locos_tl.head_spec import HeadSpecError, as_count, check_confidence
 
 Head = tuple[int, int]
 

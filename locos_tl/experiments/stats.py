@@ -7,13 +7,14 @@ taking one applies. scipy is imported when a test runs, not with this module."""
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Collection
 from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import pandas as pd
+
+from locos_tl.head_spec import check_confidence
 
 #: the columns :func:`paired_tests` needs (``load_evaluation(..., per_trial=True)``)
 RECORD_COLUMNS = ("method", "k", "seed", "trial", "metric", "value")
@@ -22,27 +23,6 @@ RECORD_KEY = ["trial", "method", "k", "seed", "metric"]
 PAIRED_COLUMNS = ["method", "against", "k", "n_pairs", "contains", "contains_against",
                   "n_only_a", "n_only_b", "p_mcnemar", "n_pairs_margin", "name_margin",
                   "name_margin_against", "p_wilcoxon"]
-
-
-def check_confidence(value: Any, name: str = "confidence") -> float:
-    """``value`` as a confidence level: a real number strictly between 0 and 1.
-
-    Args:
-        value: the level given, e.g. ``0.95`` (not ``95``).
-        name: the argument's name, for the message (``"ci"``, ``"level"``).
-
-    Returns:
-        ``float(value)``.
-
-    Raises:
-        ValueError: ``value`` is not a real number (a bool, a string, None, an array) or
-            not in the open interval (0, 1) (NaN, 0, 1, 95, -0.5), with the message
-            ``"<name> must be a confidence level in (0, 1), such as 0.95; got <value>"``.
-    """
-    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
-        raise ValueError(f"{name} must be a confidence level in (0, 1), such as 0.95; "
-                         f"got {value!r}")
-    return float(value)
 
 
 def bootstrap_ci(values: npt.ArrayLike, confidence: float | int = 0.95,
