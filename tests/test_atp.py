@@ -306,3 +306,79 @@ def test_atp_refuses_bad_trials_before_any_forward(qwen3, forward_count) -> None
     assert forward_count.n == 0
     hs = atp_heads(qwen3, good, **kw)  # the good trials alone run, and the count sees it
     assert hs.meta["n_accepted"] == 3 and forward_count.n > 0
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "qwen3"])
+def test_atp_recomputes_each_layer_and_keeps_the_full_backward_s_scores(
+        windowed, arch, monkeypatch) -> None:
+    """The corrupted run's backward recomputes each decoder layer (its attention output
+    projection runs twice a layer) over a frozen prefix cache whose sliding windows (8
+    tokens) are shorter than the 26-token shared prefix, and the scores equal, bit for
+    bit, those of the plain backward that keeps the whole graph (same operations on the
+    same inputs); the prefix cache is left as it was."""
+    import contextlib
+
+    import locos_tl.experiments.atp as atp_mod
+    from locos_tl.engine.twin import sdpa_twin
+
+    model = windowed(arch)
+    g = torch.Generator().manual_seed(5)
+    # the needle ends 4 tokens before the last position, inside every window
+    tokens = torch.randint(1, int(model.cfg.d_vocab) - 1, (34,), generator=g).tolist()
+    t = Trial(tokens=tokens, needle_span=(26, 30), answer="the")
+    twin = sdpa_twin(model)
+    assert twin is not None
+    calls = [0]
+    handles = [layer.self_attn.o_proj.register_forward_pre_hook(
+        lambda *_: calls.__setitem__(0, calls[0] + 1)) for layer in twin.model.layers]
+    try:
+        rec = atp_trial(model, t, answer_position="prompt_end")
+        recomputed = calls[0]
+        calls[0] = 0
+        with monkeypatch.context() as m:
+            m.setattr(atp_mod, "checkpointed_layers", lambda layers: contextlib.nullcontext())
+            m.setattr(atp_mod, "frozen_cache", lambda cache: cache)
+            plain = atp_trial(model, t, answer_position="prompt_end")
+        kept = calls[0]
+    finally:
+        for h in handles:
+            h.remove()
+    L = int(model.cfg.n_layers)
+    assert rec["shared_prefix"] == 26 and rec["accepted"]
+    # shared prefix, clean and corrupted runs (L each) + the recomputation (L)
+    assert (recomputed, kept) == (4 * L, 3 * L)
+    a, b = torch.tensor(rec["scores"]["atp"]), torch.tensor(plain["scores"]["atp"])
+    assert a.abs().max() > 0  # a real signal
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert rec["metric_corrupted"] == plain["metric_corrupted"]
+    assert all(not any(type(v).__name__ == "partial" for v in layer.__dict__.values())
+               for layer in twin.model.layers)  # the layers' own forward is back
+
+
+def test_frozen_cache_returns_an_update_s_states_and_stores_nothing(windowed) -> None:
+    """frozen_cache: each call returns what a real update returns (sliding layers
+    included), twice alike, and the cache keeps its prefix."""
+    from locos_tl.engine.forward import _new_cache
+    from locos_tl.engine.recompute import frozen_cache
+    from locos_tl.engine.twin import sdpa_twin
+
+    model = windowed("gemma3")
+    twin = sdpa_twin(model)
+    ids = torch.randint(1, 200, (1, 20), generator=torch.Generator().manual_seed(0))
+    real, frozen = _new_cache(model), _new_cache(model)
+    with torch.no_grad():
+        twin(ids, past_key_values=real, use_cache=True)
+        twin(ids, past_key_values=frozen, use_cache=True)
+    before = [(layer.keys.clone(), layer.values.clone()) for layer in frozen.layers]
+    frozen_cache(frozen)
+    new_k = torch.randn_like(real.layers[0].keys[:, :, :3])
+    new_v = torch.randn_like(new_k)
+    assert any(type(layer).__name__ == "DynamicSlidingWindowLayer" for layer in real.layers)
+    for i, layer in enumerate(frozen.layers):
+        want = real.layers[i].update(new_k, new_v)
+        for _ in range(2):
+            got = layer.update(new_k, new_v)
+            torch.testing.assert_close(got[0], want[0], rtol=0, atol=0)
+            torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
+        torch.testing.assert_close(layer.keys, before[i][0], rtol=0, atol=0)
+        torch.testing.assert_close(layer.values, before[i][1], rtol=0, atol=0)

@@ -22,8 +22,10 @@ quantity. Cost per trial: one forward of the clean prompt (caching ``hook_z``) a
 forward + backward of the corrupted prompt (gradients at every layer's ``hook_z``),
 against CRI's ``2 + n_layers * n_heads / batch_size`` forwards. The tokens before the
 first corrupted one run once (KV cache): their ``z`` is the same in both runs, so their
-term is exactly 0. The corrupted run goes in one forward (the backward needs its whole
-graph; no query chunks).
+term is exactly 0. The corrupted run goes in one forward; its backward recomputes one
+decoder layer at a time (:mod:`locos_tl.engine.recompute`) and reduces each layer's
+gradient to per-head scores as soon as it exists, so memory grows linearly with the
+prompt (docs/benchmarks.md).
 
 What of AtP* is not here, and why. AtP*'s *QK fix* targets effects that
 pass through an attention softmax via queries and keys, where the linearisation fails when
@@ -52,6 +54,7 @@ from torch import Tensor
 
 from locos_tl.engine.forward import _new_cache
 from locos_tl.engine.interventions import intervene
+from locos_tl.engine.recompute import checkpointed_layers, frozen_cache
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import warn_caller
 from locos_tl.experiments.methods import check_trials
@@ -78,51 +81,70 @@ RESUME_KEYS = ("model", "dtype", "method", "metric", "corruption", "answer_posit
 
 
 def atp_from_z(
-    z_clean: Float[Tensor, "pos n_heads d_head"],
-    z_corr: Float[Tensor, "pos n_heads d_head"],
+    z_diff: Float[Tensor, "pos n_heads d_head"],
     grad: Float[Tensor, "pos n_heads d_head"],
 ) -> Float[Tensor, " n_heads"]:
-    """One layer's AtP from its cached ``z`` and the metric's gradient there:
-    ``sum_{pos, d} (z_clean - z_corr) * grad``, float64."""
-    return torch.einsum("phd,phd->h", (z_clean - z_corr).double(), grad.double())
+    """One layer's AtP from ``z_diff = z_clean - z_corr`` (its cached ``z``) and the
+    metric's gradient there: ``sum_{pos, d} z_diff * grad``, float64 (logits)."""
+    return torch.einsum("phd,phd->h", z_diff.double(), grad.double())
 
 
 def _grad_run(
     model: Any, ids: Int[Tensor, "1 pos"], *, start: int, cache: Any, n_layers: int,
-    gold: int,
-) -> tuple[Tensor, int, dict[int, Tensor], list[Tensor]]:
-    """Run ``ids[:, start:]`` on ``cache`` with autograd at every ``hook_z``, and take the
+    gold: int, z_clean: dict[int, list[Tensor]],
+) -> tuple[Tensor, int, Float[Tensor, "n_layers n_heads"]]:
+    """Run ``ids[:, start:]`` on ``cache`` with autograd at every ``hook_z``, take the
     gradient of the metric ``logit[gold] - logit[cf]`` (``cf``: the run's argmax, gold
-    excluded).
+    excluded), and reduce it to every head's AtP as the backward reaches each layer.
 
-    Each hook returns ``z + delta`` with ``delta`` a zero leaf, so ``dm/d delta`` is the
-    total derivative of the metric with respect to that layer's ``z`` (every path through
-    later layers kept). Runs on the SDPA twin when it reproduces the hooks, else on the
-    bridge (:func:`~locos_tl.engine.interventions.intervene`). The forward, the metric
-    and the backward all run with autograd on, whatever the caller's grad mode
-    (``torch.no_grad``, ``torch.set_grad_enabled(False)``); under ``torch.inference_mode``
-    the caller (:func:`atp_trial`) has turned inference mode off.
+    Each hook returns ``z + s`` with ``s`` a zero scalar leaf, so the gradient reaching
+    ``z + s`` is the total derivative of the metric with respect to that layer's ``z``
+    (every path through later layers kept). A tensor hook there takes
+    :func:`atp_from_z` with ``z_clean - z_corr`` (kept from the forward, the clean
+    ``z`` dropped as soon as the difference is formed) and frees both: no layer's
+    gradient outlives its reduction. On the SDPA twin (when it reproduces the hooks)
+    each decoder layer runs under per-layer recomputation
+    (:func:`~locos_tl.engine.recompute.checkpointed_layers`) on a frozen copy of the
+    prefix cache, so memory grows with the prompt at about the residual stream's rate;
+    the scores are the plain backward's, bit for bit on CPU (tests/test_atp.py). On the
+    bridge (a hook the twin cannot mirror) the whole graph is kept. The forward, the
+    metric and the backward all run with autograd on, whatever the caller's grad mode
+    (``torch.no_grad``, ``torch.set_grad_enabled(False)``); under
+    ``torch.inference_mode`` the caller (:func:`atp_trial`) has turned inference mode off.
+
+    Args:
+        z_clean: the clean run's ``hook_z`` per layer over positions ``[start, P)``, as
+            ``[pos, n_heads, d_head]`` chunks; emptied as the differences are formed.
 
     Returns:
-        ``(metric (0-d, detached), cf, z per layer [pos, n_heads, d_head] (detached),
-        dm/dz per layer [1, pos, n_heads, d_head])``.
+        ``(metric (0-d, detached), cf, AtP [n_layers, n_heads] (float64, CPU))``.
     """
-    zs: dict[int, Tensor] = {}
-    deltas: dict[int, Tensor] = {}
+    diffs: dict[int, Tensor] = {}
+    leaves: dict[int, Tensor] = {}
+    scores: dict[int, Tensor] = {}
 
     def leaf(x: Tensor, hook: Any) -> Tensor:  # [1, pos, n_heads, d_head]
         layer = int(hook.name.split(".")[1])
-        zs[layer] = x[0].detach()
-        deltas[layer] = torch.zeros_like(x, requires_grad=True)
-        return x + deltas[layer]
+        if layer in leaves:  # the layer recomputed for the backward: same value, once
+            return x + leaves[layer]
+        diffs[layer] = torch.cat(z_clean.pop(layer)) - x[0].detach()
+        leaves[layer] = torch.zeros((), dtype=x.dtype, device=x.device, requires_grad=True)
+        y = x + leaves[layer]
+
+        def reduce(grad: Tensor) -> None:
+            scores[layer] = atp_from_z(diffs.pop(layer), grad[0])
+
+        y.register_hook(reduce)
+        return y
 
     hooks = [(f"blocks.{l}.attn.hook_z", leaf) for l in range(n_layers)]
     with torch.enable_grad(), intervene(model, hooks) as engine:
         chunk = ids[:, start:]
         twin = sdpa_twin(model) if engine == "twin" else None
         if twin is not None:
-            logits = twin(chunk, past_key_values=cache, use_cache=True,
-                          logits_to_keep=1).logits
+            with checkpointed_layers(twin.model.layers):
+                logits = twin(chunk, past_key_values=frozen_cache(cache), use_cache=True,
+                              logits_to_keep=1).logits
         else:
             logits = model(chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
         last = logits[0, -1]
@@ -130,8 +152,8 @@ def _grad_run(
         masked[gold] = float("-inf")
         cf = int(masked.argmax())
         m = _logit_diff(last, gold, cf)
-        grads = torch.autograd.grad(m, [deltas[l] for l in range(n_layers)])
-    return m.detach(), cf, zs, list(grads)
+        torch.autograd.grad(m, [leaves[l] for l in range(n_layers)])
+    return m.detach(), cf, torch.stack([scores[l] for l in range(n_layers)]).cpu()
 
 
 @torch.inference_mode(False)  # the backward needs tensors made outside inference mode
@@ -181,10 +203,8 @@ def atp_trial(
         model, clean, chunk_size=chunk_size, start=shared, cache=_copy_cache(prefix_cache),
         fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep_z) for l in range(L)])[0]
     gold = max(sorted(golds), key=lambda t: float(clean_logits[t]))
-    m, cf, z_corr, grads = _grad_run(model, corr, start=shared,
-                                     cache=_copy_cache(prefix_cache), n_layers=L, gold=gold)
-    atp = torch.stack([atp_from_z(torch.cat(z_clean[l]), z_corr[l], grads[l][0])
-                       for l in range(L)]).cpu()  # [n_layers, n_heads]
+    m, cf, atp = _grad_run(model, corr, start=shared, cache=_copy_cache(prefix_cache),
+                           n_layers=L, gold=gold, z_clean=z_clean)  # [n_layers, n_heads]
     record.update({
         "accepted": True, "gold": gold, "counterfactual": cf, "prefix_len": len(prefix),
         "metric_clean": float(_logit_diff(clean_logits, gold, cf)),
