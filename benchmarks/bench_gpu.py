@@ -257,7 +257,7 @@ def child(ckpt: str, mode: str, n: int, new: int, device: str, dtype: str) -> No
             abl_mode = mode[4:]
             with lt.ablate(model, heads, mode=abl_mode, means=means):
                 lt.greedy_decode(model, ids_list, max_new_tokens=new, stop_at_eos=False,
-                                 stop_at_newline=False)
+                                 stop_rule="none")
             return new
         raise ValueError(mode)
 
@@ -339,7 +339,7 @@ def profile_steps(mode, plain, model, tokens, device, n_layers, steps: int = 4) 
                         d.step_value(step, trial.needle_span)
                 mark()
             greedy_decode(model, tokens, max_new_tokens=steps * 2 + 1, on_step=on_step,
-                          directions=dirs, stop_at_eos=False, stop_at_newline=False)
+                          directions=dirs, stop_at_eos=False, stop_rule="none")
     if not counts:
         return {}
     ops = sorted(c[0] for c in counts)[len(counts) // 2]

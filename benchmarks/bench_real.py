@@ -158,7 +158,7 @@ def child(mode: str, n: int, setup_path: str) -> None:
             return new  # counted by make_setup from the same call's record
         with lt.ablate(model, heads, "query_mean", means=means):
             res = lt.greedy_decode(model, ids, max_new_tokens=new, stop_at_eos=False,
-                                   stop_at_newline=False)
+                                   stop_rule="none")
         return len(res.generated)
 
     run(ids_all[:WARM_TOKENS])

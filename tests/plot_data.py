@@ -51,7 +51,7 @@ def build(tmp: Path, n_trials: int = 4) -> PlotData:
         before, after = FILLER[i % 4], FILLER[(i + 1) % 4]
         prompt = " ".join([before] * (i % 2 + 1) + [NEEDLE, after, "Who lives there?"])
         ids = tok(prompt)["input_ids"]
-        gen = greedy_decode(model, ids, max_new_tokens=3, stop_at_newline=False,
+        gen = greedy_decode(model, ids, max_new_tokens=3, stop_rule="none",
                             stop_at_eos=False).generated
         answer = tok.decode(gen[:2])
         if not answer.strip():

@@ -123,6 +123,64 @@ def test_early_stopper_alone_and_in_a_batch(windowed):
     assert len(got[1]["generated"]) < len(got[0]["generated"])
 
 
+@pytest.mark.parametrize("stop_rule", ["contains_newline", "none"])
+def test_stop_rules_in_a_batch_equal_batch_size_1(windowed, stop_rule):
+    """The batch stops each trial by the rule asked for, as batch size 1 does: under
+    ``"none"`` a trial that stopped at a newline decodes on."""
+    model = windowed("gemma3")
+    trials = mixed_trials(model)
+    det = [get_detector("locos")]
+    dirs = AnswerDirections(model, "raw")
+    ref = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW, stop_rule=stop_rule)
+           for t in trials]
+    got = run_trials_batched(model, trials, det, directions=dirs, batch_size=8,
+                             max_new_tokens=NEW, stop_rule=stop_rule)
+    n = max(t.n_tokens for t in trials) + NEW
+    for a, b in zip(ref, got, strict=True):
+        assert_same_record(model, a, b, n)
+    default = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW)
+               for t in trials]
+    by_newline = [i for i, r in enumerate(default) if r["stopped_by"] == "newline"]
+    assert by_newline  # the comparison is not vacuous: a trial stops at a newline
+    if stop_rule == "none":
+        assert all(len(got[i]["generated"]) > len(default[i]["generated"]) for i in by_newline)
+        assert "newline" not in {r["stopped_by"] for r in got}
+
+
+def test_nan_trial_dropped_from_the_batch(windowed):
+    """A trial whose logits turn NaN at step 0 gets batch size 1's non-finite record and
+    leaves the batch; its batch mates decode on to their batch-size-1 records."""
+    model = windowed("llama")
+    trials = mixed_trials(model)[:4]
+    det = [get_detector("locos")]
+    dirs = AnswerDirections(model, "raw")
+    fed = {tok for t in trials for tok in t.tokens}
+    fed |= {tok for t in trials for tok in run_trial(model, t, det, directions=dirs,
+                                                     max_new_tokens=NEW)["generated"]}
+    magic = next(i for i in range(5, int(model.cfg.d_vocab)) if i not in fed)
+    bad = Trial(tokens=[*trials[1].tokens[:-1], magic], needle_span=trials[1].needle_span,
+                answer=trials[1].answer, trial_id="nan")
+    batch = [trials[0], bad, *trials[2:]]
+    emb = model.original_model.get_input_embeddings().weight
+    saved = emb.data[magic].clone()
+    emb.data[magic] = float("nan")
+    try:
+        with pytest.warns(RuntimeWarning, match="dropped .non_finite"):
+            ref = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW)
+                   for t in batch]
+        with pytest.warns(RuntimeWarning, match="dropped .non_finite"):
+            got = run_trials_batched(model, batch, det, directions=dirs, batch_size=4,
+                                     max_new_tokens=NEW)
+    finally:
+        emb.data[magic] = saved
+    n = max(t.n_tokens for t in batch) + NEW
+    for a, b in zip(ref, got, strict=True):
+        assert_same_record(model, a, b, n)
+    assert got[1]["dropped"] == "non_finite"
+    assert got[1]["non_finite"].startswith("decoding step 0: the logits hold NaN")
+    assert all(r["dropped"] != "non_finite" and r["generated"] for r in got[:1] + got[2:])
+
+
 def test_score_trials_batched_and_resumed(windowed, tmp_path, monkeypatch):
     import locos_tl.runs.batch as batch_mod
     from locos_tl import score_methods

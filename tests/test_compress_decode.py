@@ -40,7 +40,7 @@ def _trial(model, seed=0, n=N, qs=QS):
 
 def _plain(model, trial):
     logits = []
-    res = greedy_decode(model, list(trial.tokens), max_new_tokens=STEPS, stop_at_newline=False,
+    res = greedy_decode(model, list(trial.tokens), max_new_tokens=STEPS, stop_rule="none",
                         stop_at_eos=False, on_step=lambda s: logits.append(s.logits.float()))
     return res.generated, torch.stack(logits)
 
@@ -258,6 +258,31 @@ def test_errors(tiny_models):
     wrong = kv_budgets(np.zeros((L + 1, H)), 1.0, QS, n_kv)
     with pytest.raises(TrialError, match="layers"):
         compressed_generate(model, t, wrong)
+    for bad in (0, True):
+        with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+            compressed_generate(model, t, b, max_new_tokens=bad)
+
+
+def test_nan_logits_raise_in_compressed_decoding(tiny_models):
+    from locos_tl.errors import NonFiniteError
+
+    model = tiny_models("llama")
+    L, H, n_kv = n_heads_of(model)
+    t = _trial(model)
+    b = kv_budgets(np.zeros((L, H)), 1.0, QS, n_kv)
+    ok = compressed_generate(model, t, b, max_new_tokens=3, stop_at_eos=False)
+    emb = model.original_model.get_input_embeddings().weight
+    last = t.tokens[-1]  # fed with the question: step 0's logits turn NaN
+    saved = emb.data[last].clone()
+    emb.data[last] = float("nan")
+    try:
+        with pytest.raises(NonFiniteError, match=r"compressed decoding step 0: the logits "
+                                                 r"hold NaN or inf \(dtype torch.float32"):
+            compressed_generate(model, t, b, max_new_tokens=3)
+    finally:
+        emb.data[last] = saved
+    assert compressed_generate(model, t, b, max_new_tokens=3, stop_at_eos=False).tokens \
+        == ok.tokens
 
 
 def test_refuses_hooks_on_the_bridge(tiny_models):

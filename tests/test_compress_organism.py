@@ -43,6 +43,26 @@ def _one_full_unit_fraction(n_units: int, qs: int, floor: int = 12) -> float:
     return (qs + (n_units - 1) * floor) / (n_units * qs)
 
 
+def test_full_budget_decodes_and_stops_as_greedy_decode(organism):
+    """With every unit full, the compressed decode is ``greedy_decode`` with the same
+    stop rules: tokens, response, stop (the organism ends its answers with EOS)."""
+    from locos_tl.organisms.tasks import make_trials
+
+    L, H, n_kv = n_heads_of(organism)
+    trials = make_trials("nonliteral", 3, 128, seed=7) + make_trials("literal", 2, 128, seed=7)
+    stops = set()
+    for t in trials:
+        qs = int(t.meta["query_start"])
+        b = kv_budgets(np.zeros((L, H)), 1.0, qs, n_kv)
+        got = compressed_generate(organism, t, b, max_new_tokens=8)
+        ref = greedy_decode(organism, t.tokens, max_new_tokens=8)
+        assert (got.tokens, got.text, got.stopped_by) == (ref.generated, ref.text,
+                                                          ref.stopped_by), t.trial_id
+        assert got.first_token == ref.generated[ref.response_start]
+        stops.add(got.stopped_by)
+    assert stops == {"eos"}  # the comparison covers a stop, not only the budget
+
+
 def test_writers_cache_keeps_nonliteral_copy_cache_does_not(organism, ground_truth):
     from locos_tl.organisms.tasks import make_trials
 

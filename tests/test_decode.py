@@ -2,7 +2,9 @@
 
 Also the regression guard for the transformers 5.24 bug (TransformerLens 4.3's cached
 decode steps saw only 1 key and produced different tokens): every decode-step attention
-row must span all N_t keys and sum to 1.
+row must span all N_t keys and sum to 1. And the one greedy loop every decoder drives
+(:func:`locos_tl.engine.greedy.greedy_loop`) on a scripted forward: picks, budget,
+forcing, stops, rows dropped as they stop, NaN raised or dropped.
 """
 
 import pytest
@@ -10,7 +12,9 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 from locos_tl.engine.decode import greedy_decode, prefill
-from locos_tl.errors import TrialError
+from locos_tl.engine.greedy import greedy_loop
+from locos_tl.engine.stops import StopRules
+from locos_tl.errors import NonFiniteError, TrialError
 
 
 def _prompt(model, n=37, seed=0):
@@ -24,7 +28,7 @@ def test_greedy_matches_hf_generate(tiny_models, arch, prefill_mode):
     model = tiny_models(arch)
     tokens = _prompt(model)
     steps = []
-    res = greedy_decode(model, tokens, max_new_tokens=10, stop_at_newline=False,
+    res = greedy_decode(model, tokens, max_new_tokens=10, stop_rule="none",
                         stop_at_eos=False, prefill_mode=prefill_mode, chunk_size=8,
                         on_step=steps.append)
     hf = model.original_model
@@ -33,6 +37,10 @@ def test_greedy_matches_hf_generate(tiny_models, arch, prefill_mode):
         out = hf.generate(ids, max_new_tokens=10, do_sample=False, use_cache=use_cache,
                           eos_token_id=None, pad_token_id=0)
         assert res.generated == out[0, len(tokens):].tolist(), (arch, use_cache)
+    # no step callback: the steps run on the SDPA twin, the same tokens
+    plain = greedy_decode(model, tokens, max_new_tokens=10, stop_rule="none",
+                          stop_at_eos=False, prefill_mode=prefill_mode, chunk_size=8)
+    assert plain.generated == res.generated
     for t, s in enumerate(steps):
         n_keys = len(tokens) + t
         assert s.pattern.shape == (model.cfg.n_layers, model.cfg.n_heads, n_keys)
@@ -63,7 +71,7 @@ def test_chunked_prefill_equals_full_forward(qwen3):
 def test_stops_at_eos_and_newline(qwen3):
     tok = qwen3.tokenizer
     tokens = _prompt(qwen3)
-    free = greedy_decode(qwen3, tokens, max_new_tokens=6, stop_at_newline=False, stop_at_eos=False)
+    free = greedy_decode(qwen3, tokens, max_new_tokens=6, stop_rule="none", stop_at_eos=False)
     # force an EOS as the 3rd token: decoding must stop right after it
     forced = free.generated[:2] + [tok.eos_token_id] + free.generated[2:]
     res = greedy_decode(qwen3, tokens, max_new_tokens=6, forced_tokens=forced)
@@ -80,3 +88,73 @@ def test_context_length_checked(qwen3):
         greedy_decode(qwen3, [1] * (n_ctx - 5), max_new_tokens=10)
     with pytest.raises(TrialError, match="empty prompt"):
         greedy_decode(qwen3, [], max_new_tokens=3)
+
+
+class _Scripted:
+    """A forward for :func:`greedy_loop` whose row ``b`` picks ``script[b][t]`` at step
+    ``t`` (``None``: NaN logits); it records every call's ``(t, rows, last)``."""
+
+    def __init__(self, scripts, d_vocab=256):
+        self.scripts, self.d_vocab, self.calls = scripts, d_vocab, []
+
+    def __call__(self, t, rows, last):
+        self.calls.append((t, list(rows), None if last is None else list(last)))
+        logits = torch.zeros(len(rows), self.d_vocab)
+        for j, b in enumerate(rows):
+            y = self.scripts[b][t]
+            if y is None:
+                logits[j, 3] = float("nan")
+            else:
+                logits[j, y] = 10.0
+        return logits
+
+
+def test_greedy_loop_picks_stops_and_drops_rows(qwen3):
+    tok = qwen3.tokenizer
+    nl, eos = tok.encode("\n", add_special_tokens=False)[0], tok.eos_token_id
+    assert nl < 256 and eos < 256 and not {5, 6, 7} & {nl, eos}
+    rules = StopRules(tok, frozenset({eos}), frozenset(), frozenset(), "newline_token")
+    scripts = [[5, 6, nl, 7], [7, eos, 5, 5], [5, 5, 5, 5, 5], [6, None, 5, 5]]
+    fwd = _Scripted(scripts)
+    tokens, done = [], []
+    rows = greedy_loop(fwd, [[1, 2, 3], [4, 5], [1], [2, 2]], rules, max_new_tokens=4,
+                       on_token=lambda *a: tokens.append(a),
+                       on_done=lambda i, r: done.append((i, r.state.stopped_by)),
+                       non_finite="drop")
+    # each step feeds the rows still decoding their own last token
+    assert fwd.calls == [(0, [0, 1, 2, 3], None), (1, [0, 1, 2, 3], [5, 7, 5, 6]),
+                         (2, [0, 2], [6, 5]), (3, [2], [5])]
+    assert done == [(1, "eos"), (3, "non_finite"), (0, "newline"), (2, "max_new_tokens")]
+    assert [r.generated for r in rows] == [[5, 6, nl], [7, eos], [5] * 4, [6]]
+    assert [r.result.stopped_by for r in rows[:3]] == ["newline", "eos", "max_new_tokens"]
+    assert rows[0].result.text == tok.decode([5, 6]).strip()
+    assert rows[0].result.prompt_len == 3 and rows[1].result.text == tok.decode([7]).strip()
+    assert rows[3].result is None
+    assert rows[3].non_finite.startswith("decoding step 1: the logits hold NaN or inf "
+                                         "(dtype torch.float32")
+    # on_token sees every chosen token, the stop tokens included, before the stop
+    assert [(i, t, y) for i, t, y, _ in tokens if i == 1] == [(1, 0, 7), (1, 1, eos)]
+    assert len(tokens) == 3 + 2 + 4 + 1 and not any(th for *_, th in tokens)
+
+    # the default raises, naming the step
+    with pytest.raises(NonFiniteError, match=r"compressed decoding step 1: the logits hold"):
+        greedy_loop(_Scripted([[6, None]]), [[1]], rules, max_new_tokens=3,
+                    what="compressed decoding")
+    # forcing replaces the pick (and stops by the forced tokens), not the NaN check
+    forced = greedy_loop(_Scripted([[5] * 5]), [[1]], rules, max_new_tokens=5,
+                         forced_tokens=[7, 6, nl, 5])
+    assert forced[0].generated == [7, 6, nl] and forced[0].result.stopped_by == "newline"
+    short = greedy_loop(_Scripted([[5] * 5]), [[1]], rules, max_new_tokens=5,
+                        forced_tokens=[7, 6])
+    assert short[0].generated == [7, 6] and short[0].result.stopped_by == "max_new_tokens"
+    with pytest.raises(NonFiniteError, match="step 0"):
+        greedy_loop(_Scripted([[None]]), [[1]], rules, max_new_tokens=1, forced_tokens=[7])
+    none = StopRules(tok, frozenset(), frozenset(), frozenset(), "none")
+    free = greedy_loop(_Scripted([[nl, eos, nl]]), [[1]], none, max_new_tokens=3)
+    assert free[0].generated == [nl, eos, nl] and free[0].result.stopped_by == "max_new_tokens"
+    for bad in (0, -2, True):
+        with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
+            greedy_loop(_Scripted([[5]]), [[1]], rules, max_new_tokens=bad)
+    with pytest.raises(ValueError, match="forced_tokens needs one prompt"):
+        greedy_loop(_Scripted([[5], [5]]), [[1], [2]], rules, max_new_tokens=1,
+                    forced_tokens=[5])

@@ -38,7 +38,7 @@ def _prompt(model, seed: int) -> list[int]:
 def _steps(model, tokens, engine, variant):
     steps: list[DecodeStep] = []
     res = greedy_decode(model, tokens, max_new_tokens=12, on_step=steps.append,
-                        directions=AnswerDirections(model, variant), stop_at_newline=False,
+                        directions=AnswerDirections(model, variant), stop_rule="none",
                         stop_at_eos=False, decode_engine=engine)
     return res, steps
 
@@ -168,7 +168,7 @@ def test_one_host_read_per_step(windowed):
                   directions=AnswerDirections(model, "exact"))
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         greedy_decode(model, tokens, max_new_tokens=n, on_step=on_step, stop_at_eos=False,
-                      stop_at_newline=False, directions=AnswerDirections(model, "exact"))
+                      stop_rule="none", directions=AnswerDirections(model, "exact"))
     reads = sum(1 for e in prof.events() if e.name == "aten::_local_scalar_dense")
     assert reads == n
 

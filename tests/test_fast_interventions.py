@@ -93,7 +93,7 @@ def test_ablated_forward_on_twin_equals_bridge(with_means, arch, mode):
 @pytest.mark.parametrize("arch", list(SHORT_WINDOWS))
 def test_ablated_greedy_decode_on_twin_equals_bridge(with_means, arch, mode):
     model, means = with_means(arch)
-    kw = dict(max_new_tokens=6, stop_at_newline=False, stop_at_eos=False)
+    kw = dict(max_new_tokens=6, stop_rule="none", stop_at_eos=False)
     runs = {}
     for prefill_mode in ("auto", "bridge"):  # steps with a callback: through the bridge
         logits = []

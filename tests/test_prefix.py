@@ -109,7 +109,7 @@ def test_decoding_on_a_prefix_equals_decoding_from_scratch(deep, arch):
         for pre in (None, prefix):
             steps: list[torch.Tensor] = []
             with ablate(model, heads, "query_mean", means=means):
-                res = greedy_decode(model, prompt, max_new_tokens=6, stop_at_newline=False,
+                res = greedy_decode(model, prompt, max_new_tokens=6, stop_rule="none",
                                     stop_at_eos=False, score_continuations=conts,
                                     on_step=lambda s, out=steps: out.append(s.logits.clone()),
                                     prefix=pre)
@@ -182,7 +182,7 @@ def test_decoding_on_a_trace_equals_decoding_from_scratch(deep, arch):
     if arch in ("gemma3", "qwen3"):
         assert prefix.trace is None
         return
-    kw = dict(max_new_tokens=8, stop_at_newline=False, stop_at_eos=False)
+    kw = dict(max_new_tokens=8, stop_rule="none", stop_at_eos=False)
     left = 0
     for name, heads in {**HEAD_SETS, "none": []}.items():
         with ablate(model, heads, "query_mean", means=means):
@@ -222,7 +222,7 @@ def test_a_trace_ends_where_the_unablated_decoding_stops(deep):
         assert ruled.trace.tokens == greedy_decode(model, prompt, max_new_tokens=8).generated
     short = prompt_prefix(model, prompt, sets, decode_steps=8, stop=lambda t, y: t == 2)
     assert len(short.trace.tokens) == 3
-    kw = dict(max_new_tokens=8, stop_at_newline=False, stop_at_eos=False)
+    kw = dict(max_new_tokens=8, stop_rule="none", stop_at_eos=False)
     for heads in [[], *sets]:
         with ablate(model, heads, "query_mean", means=means):
             assert (greedy_decode(model, prompt, prefix=short, **kw).generated

@@ -150,7 +150,7 @@ class Real:
 
         steps: list[Any] = []
         res = greedy_decode(self.bridge, self.main.tokens, max_new_tokens=NEW,
-                            stop_at_newline=False, stop_at_eos=False, on_step=steps.append,
+                            stop_rule="none", stop_at_eos=False, on_step=steps.append,
                             directions=AnswerDirections(self.bridge, "exact"))
         self._phi["exact"] = steps[0].phi.detach()
         return res
@@ -396,7 +396,7 @@ def test_ablated_decoding_on_twin_equals_bridge(real, record_property):
     L, H = model.cfg.n_layers, model.cfg.n_heads
     heads = [(l, (3 * l) % H) for l in range(L)]  # one head per layer
     means = calibrate_means(model, [real.trials[2].tokens[:100], real.trials[2].tokens[-100:]])
-    kw = dict(max_new_tokens=3, stop_at_newline=False, stop_at_eos=False)
+    kw = dict(max_new_tokens=3, stop_rule="none", stop_at_eos=False)
     logits: dict[str, list[torch.Tensor]] = {"twin": [], "bridge": []}
     with ablate(model, heads, "query_mean", means=means):
         fast = greedy_decode(model, tokens, **kw)  # SDPA twin, module hooks
@@ -427,7 +427,7 @@ def test_ablated_decoding_on_a_layer_prefix_equals_the_full_prompt(real, record_
     means = calibrate_means(model, [real.trials[2].tokens[:100], real.trials[2].tokens[-100:]])
     prefix = prompt_prefix(model, tokens, sets)
     assert sorted(prefix.resid) == sorted({L // 2, L - 3})
-    kw = dict(max_new_tokens=3, stop_at_newline=False, stop_at_eos=False,
+    kw = dict(max_new_tokens=3, stop_rule="none", stop_at_eos=False,
               score_continuations=[tokens[-3:], tokens[5:7]])
     for heads in sets:
         runs = []

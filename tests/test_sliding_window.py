@@ -136,7 +136,7 @@ def test_every_decode_step_matches_hf_eager(sliding, arch, prefill_mode):
     tokens = _prompt(int(model.cfg.d_vocab), seed=3)
     steps: list[DecodeStep] = []
     res = greedy_decode(model, tokens, max_new_tokens=12, on_step=steps.append,
-                        directions=AnswerDirections(model, "raw"), stop_at_newline=False,
+                        directions=AnswerDirections(model, "raw"), stop_rule="none",
                         stop_at_eos=False, prefill_mode=prefill_mode, chunk_size=5)
     assert len(steps) == 12
     for step in steps[::4] + steps[-1:]:
@@ -216,7 +216,7 @@ def test_greedy_tokens_equal_hf_generate(sliding, arch):
                           do_sample=False, pad_token_id=hf.config.pad_token_id)
     ref = ref[0, len(tokens):].tolist()
     for mode in ("sdpa", "bridge"):
-        got = greedy_decode(model, tokens, max_new_tokens=n, stop_at_newline=False,
+        got = greedy_decode(model, tokens, max_new_tokens=n, stop_rule="none",
                             stop_at_eos=False, prefill_mode=mode, chunk_size=6)
         assert got.generated == ref, mode
 
@@ -350,7 +350,7 @@ def test_ablated_greedy_equals_hf_with_equivalent_hook(sliding, arch, mode):
     assert (clean_logits[0] - ref_logits[0]).abs().max().item() > 1e-3  # it matters
     steps: list[DecodeStep] = []
     with ablate(model, [head], mode):
-        got = greedy_decode(model, tokens, max_new_tokens=n, stop_at_newline=False,
+        got = greedy_decode(model, tokens, max_new_tokens=n, stop_rule="none",
                             stop_at_eos=False, prefill_mode="bridge", chunk_size=7,
                             on_step=steps.append)
     assert got.generated == ref_ids

@@ -91,7 +91,7 @@ def scan_think(
 ) -> tuple[bool, int]:
     """Walk token ids through ``<think> ... </think>`` blocks: the one scan behind
     :func:`response_start` and the prompt state of greedy decoding
-    (:class:`locos_tl.engine.stops._StopRules`).
+    (:class:`locos_tl.engine.stops.StopRules`).
 
     Args:
         ids: token ids, in order.

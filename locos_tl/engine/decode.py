@@ -22,8 +22,11 @@ twin: one causal call, linear memory).
 Decoding step ``t`` is the forward position whose logits choose ``y_t``: step 1 is the
 last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (docs/concepts.md).
 
-The stop and thinking rules live in :mod:`locos_tl.engine.stops`, the KV cache, prefill and
-step engines in :mod:`locos_tl.engine.forward`; this module re-exports their public names.
+The steps run in the package's one greedy loop (:func:`locos_tl.engine.greedy.greedy_loop`:
+budget, argmax pick, non-finite check, forcing, stops), driven here by one forward per
+engine. The stop and thinking rules live in :mod:`locos_tl.engine.stops`, the KV cache,
+prefill and step engines in :mod:`locos_tl.engine.forward`; this module re-exports their
+public names.
 """
 
 from __future__ import annotations
@@ -41,30 +44,32 @@ from locos_tl.engine.forward import (
     DECODE_ENGINES,
     DecodeEngine,
     StepEngine,
-    _cache_values,
-    _hf_model,
-    _pre_step_values,
-    _sliding_layers,
-    _step_values,
-    _TwinScales,
+    TwinScales,
+    cache_values,
     engine_paths,
+    hf_model,
+    pre_step_values,
     prefill,
     prefill_with_rows,
+    sliding_layers,
     step_engine,
+    step_values,
 )
+from locos_tl.engine.greedy import check_max_new_tokens, greedy_loop
 from locos_tl.engine.kernel import phi_layer
 from locos_tl.engine.prefix import PromptPrefix, prefill_from, trace_step
 from locos_tl.engine.stops import (
     STOP_RULES,
     DecodeResult,
     StopRule,
-    _StopRules,
+    StopRules,
     check_stop_rule,
     is_newline_stop,
+    legacy_stop_rule,
 )
 from locos_tl.engine.teacher_forcing import cached_continuation_logprobs, prompt_ids
 from locos_tl.engine.unembed import AnswerDirections
-from locos_tl.errors import LocosError, NonFiniteError, TrialError
+from locos_tl.errors import LocosError, TrialError
 
 __all__ = [
     "DECODE_ENGINES",
@@ -72,6 +77,7 @@ __all__ = [
     "DecodeEngine",
     "DecodeResult",
     "DecodeStep",
+    "PaddedValues",
     "StepEngine",
     "StopRule",
     "check_stop_rule",
@@ -138,9 +144,15 @@ class DecodeStep:
         return torch.stack(out)
 
 
-class _PaddedValues(Sequence[Tensor]):
+class PaddedValues(Sequence[Tensor]):
     """``DecodeStep.values`` without copies: layer ``l``'s ``[n_keys, n_kv, d_head]``
-    values at absolute positions, built (zeros before a sliding window) only when read."""
+    values at absolute positions, built (zeros before a sliding window) only when read.
+
+    Args:
+        kv: per layer, the ``[n_kv, K_l, d_head]`` values of the last ``K_l <= n_keys``
+            keys (views of the KV cache).
+        n_keys: the step's key positions ``N_t``.
+    """
 
     def __init__(self, kv: list[Tensor], n_keys: int) -> None:
         self._kv, self._n = kv, n_keys
@@ -210,10 +222,10 @@ def _assemble(
         if row.shape[-1] > n_keys:
             raise LocosError(f"layer {l}: attention row of {row.shape[-1]} keys for "
                              f"{n_keys} key positions")
-        after = _cache_values(cache, l)
+        after = cache_values(cache, l)
         if after is None:
             raise LocosError(f"layer {l}: the KV cache holds no values after the step")
-        kv.append(_step_values(before[l], after, row.shape[-1], l))
+        kv.append(step_values(before[l], after, row.shape[-1], l))
     if all(r.shape[-1] == n_keys for r in attn):
         pattern = torch.stack(list(attn))
         if pattern.dtype != torch.float32:
@@ -225,7 +237,6 @@ def _assemble(
     return pattern, kv
 
 
-@torch.no_grad()
 def greedy_decode(
     model: Any,
     tokens: Any,  # Sequence[int] | Tensor; checked by prompt_ids (clear TrialError)
@@ -233,7 +244,7 @@ def greedy_decode(
     max_new_tokens: int = 50,
     on_step: Callable[[DecodeStep], None] | None = None,
     directions: AnswerDirections | None = None,
-    stop_at_newline: bool = True,
+    stop_at_newline: bool | None = None,
     stop_at_eos: bool = True,
     prefill_mode: str = "auto",
     chunk_size: int | None = None,
@@ -254,15 +265,16 @@ def greedy_decode(
         max_new_tokens: at most this many generated tokens.
         on_step: called with a :class:`DecodeStep` (pattern rows, values, ``y_t``) per step.
         directions: answer directions for ``DecodeStep.phi``; needed only by phi users.
-        stop_at_newline: stop at a newline (as ``stop_rule`` defines it); off for
-            multi-line answers.
+        stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
+            (:func:`locos_tl.engine.stops.legacy_stop_rule`).
         stop_at_eos: stop after an end-of-sequence token.
         prefill_mode, chunk_size: see :func:`prefill`.
         forced_tokens: teacher forcing: step ``t`` takes ``forced_tokens[t]`` instead of
             the argmax (decoding ends when they run out).
         stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
-            newline token stops) or ``"contains_newline"`` (any token containing a
-            newline); see :func:`is_newline_stop`.
+            newline token stops), ``"contains_newline"`` (any token containing a
+            newline) or ``"none"`` (no newline stops: multi-line answers); see
+            :func:`is_newline_stop`.
         thinking: skip a ``<think> ... </think>`` block (Qwen3 style, tokens found by
             text, :func:`locos_tl.engine.answers.think_token_ids`; a block left open by the
             prompt counts): newlines inside it and whitespace-only tokens right after
@@ -301,18 +313,17 @@ def greedy_decode(
         token and thinking excluded, stripped), and where the response starts.
 
     Raises:
-        ValueError: unknown ``stop_rule`` or ``decode_engine``; ``"twin"`` impossible.
+        ValueError: unknown ``stop_rule`` or ``decode_engine``; ``"twin"`` impossible;
+            ``stop_at_newline=False`` beside ``stop_rule="contains_newline"``.
         ValueError: ``max_new_tokens`` is not an integer >= 1.
         TrialError: ``tokens`` is not a sequence or tensor of integer ids (a string, a
             float: the message says which); empty prompt; prompt + ``max_new_tokens``
             (or + a continuation) longer than ``n_ctx``; an empty continuation.
         NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
-    check_stop_rule(stop_rule)
+    stop_rule = legacy_stop_rule(stop_rule, stop_at_newline, "greedy_decode")
     ids = prompt_ids(tokens)
-    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 1):
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    check_max_new_tokens(max_new_tokens)
     N = ids.shape[1]
     if N == 0:
         raise TrialError("empty prompt")
@@ -322,104 +333,129 @@ def greedy_decode(
             f"prompt of {N} tokens + {max_new_tokens} new tokens exceeds the model's "
             f"context n_ctx={n_ctx}"
         )
-    device = next(_hf_model(model).parameters()).device
-    ids = ids.to(device)
-    n_layers = int(model.cfg.n_layers)
-    W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]  # views, no copy
-    scale_hooks = directions.hook_names() if directions is not None else []
+    rules = StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos)
+    ids = ids.to(next(hf_model(model).parameters()).device)
     eng = step_engine(model, decode_engine, rows=on_step is not None)
-
-    cache = None
-    if prefix is not None and on_prompt_rows is None and prefill_mode == "auto":
-        cache = prefill_from(model, prefix, ids[:, :-1], chunk_size=chunk_size)
-    # the prompt came from the prefix: steps that generate the unablated tokens can
-    # start at the lowest ablated layer too (prefix.trace)
-    follow = (cache is not None and prefix is not None and prefix.trace is not None
-              and forced_tokens is None and eng.path == "sdpa_twin")
-    if cache is None:
-        cache = prefill_with_rows(model, ids[:, :-1], min(max(prompt_window - 1, 0), N - 1)
-                                  if on_prompt_rows is not None else 0, on_prompt_rows,
-                                  mode=prefill_mode, chunk_size=chunk_size)
-    scored = (cached_continuation_logprobs(model, eng, cache, ids[0, -1],
-                                           score_continuations)
-              if score_continuations is not None else None)
-    rows: dict[int, Tensor] = {}
-    scales: dict[str, Tensor] = {}
-
-    def keep_row(pattern: Tensor, hook: Any) -> None:
-        rows[int(hook.name.split(".")[1])] = pattern[0, :, -1, :].detach()
-
-    def keep_scale(scale: Tensor, hook: Any) -> None:  # stays on the device
-        scales[hook.name] = scale.reshape(scale.shape[0], scale.shape[1], -1)[0, -1, 0]
-
-    fwd_hooks = [(f"blocks.{l}.attn.hook_pattern", keep_row) for l in range(n_layers)]
-    fwd_hooks += [(name, keep_scale) for name in scale_hooks]
-    rules = _StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos,
-                          stop_at_newline=stop_at_newline)
-    state = rules.initial(ids[0])  # does the prompt leave a thinking block open?
-
-    if forced_tokens is not None:
-        max_new_tokens = min(max_new_tokens, len(forced_tokens))
-    keys = ids.new_zeros(N + max_new_tokens)  # key ids; step t reads keys[:N + t]
-    keys[:N] = ids[0]
-    sliding = _sliding_layers(cache, n_layers)
-    generated: list[int] = []
-    twin_scales = (_TwinScales(model, eng.twin, scale_hooks)
-                   if eng.path == "eager_twin" else None)
-    try:
-        for t in range(max_new_tokens):
-            n_keys = N + t
-            step_input = keys[n_keys - 1 : n_keys].view(1, 1)
-            # only a sliding layer's pre-step values are needed (and small); a full
-            # layer's old cache is never kept alive past its update
-            before = _pre_step_values(cache, sliding)
-            attn: Sequence[Tensor] = ()
-            if eng.path == "eager_twin":
-                out = eng.twin(step_input, past_key_values=cache, use_cache=True,
-                               output_attentions=True, logits_to_keep=1)
-                logits = out.logits[0, -1]
-                attn = [a.reshape(a.shape[1], a.shape[-1]) for a in out.attentions]
-                step_scales = ({k: v[0] for k, v in twin_scales.values.items()}
-                               if twin_scales is not None else {})
-            elif eng.path == "sdpa_twin":
-                reused = (trace_step(model, prefix, cache, t, step_input)
-                          if follow and prefix is not None else None)
-                follow = reused is not None
-                logits = reused if reused is not None else eng.twin(
-                    step_input, past_key_values=cache, use_cache=True,
-                    logits_to_keep=1).logits[0, -1]
-                step_scales = {}
-            else:
-                rows.clear()
-                scales.clear()
-                logits = model.run_with_hooks(
-                    step_input, fwd_hooks=fwd_hooks if on_step is not None else [],
-                    past_key_values=cache, use_cache=True, return_type="logits",
-                )[0, -1]
-                attn = [rows[l] for l in range(n_layers)] if on_step is not None else ()
-                step_scales = dict(scales)
-            # the step's one host read: the token id, -1 when the logits hold NaN/inf
-            pick = int(torch.where(torch.isfinite(logits).all(), logits.argmax(), -1))
-            if pick < 0:  # e.g. fp16 overflow: argmax would be 0
-                raise NonFiniteError(f"decoding step {t}: the logits hold NaN or inf "
-                                     f"(dtype {logits.dtype}; an fp16 overflow? try bfloat16)")
-            y = pick if forced_tokens is None else int(forced_tokens[t])
-            follow = follow and y == prefix.trace.tokens[t]  # type: ignore[union-attr]
-            step_thinking = rules.is_thinking(state, y)
-            if on_step is not None:
-                pattern, kv = _assemble(attn, cache, before, n_keys)
-                on_step(DecodeStep(t=t, token=y, key_tokens=keys[:n_keys], pattern=pattern,
-                                   values=_PaddedValues(kv, n_keys), scales=step_scales,
-                                   logits=logits, thinking=step_thinking, _W_O=W_O,
-                                   _directions=directions, _kv=kv))
-            generated.append(y)
-            if n_keys < keys.shape[0]:
-                keys[n_keys] = y
-            if rules.advance(state, t, y, step_thinking):
-                break
-    finally:
-        if twin_scales is not None:
-            twin_scales.remove()
-    result = rules.result(state, N, generated)
+    with torch.no_grad():
+        cache = None
+        if prefix is not None and on_prompt_rows is None and prefill_mode == "auto":
+            cache = prefill_from(model, prefix, ids[:, :-1], chunk_size=chunk_size)
+        # the prompt came from the prefix: steps that generate the unablated tokens can
+        # start at the lowest ablated layer too (prefix.trace)
+        follow = (cache is not None and prefix is not None and prefix.trace is not None
+                  and forced_tokens is None and eng.path == "sdpa_twin")
+        if cache is None:
+            cache = prefill_with_rows(
+                model, ids[:, :-1],
+                min(max(prompt_window - 1, 0), N - 1) if on_prompt_rows is not None else 0,
+                on_prompt_rows, mode=prefill_mode, chunk_size=chunk_size)
+        scored = (cached_continuation_logprobs(model, eng, cache, ids[0, -1],
+                                               score_continuations)
+                  if score_continuations is not None else None)
+        n_steps = (max_new_tokens if forced_tokens is None
+                   else min(max_new_tokens, len(forced_tokens)))
+        steps = _Steps(model, eng, cache, ids[0], n_steps, on_step=on_step,
+                       directions=directions, prefix=prefix if follow else None)
+        try:
+            row = greedy_loop(steps, [ids[0]], rules, max_new_tokens=max_new_tokens,
+                              forced_tokens=forced_tokens, on_token=steps.on_token)[0]
+        finally:
+            steps.close()
+    result = row.result
+    assert result is not None  # non_finite="raise": every row has its result
     result.continuation_logprobs = scored
     return result
+
+
+class _Steps:
+    """:func:`greedy_decode`'s forward (:class:`locos_tl.engine.greedy.GreedyForward`,
+    batch size 1) on the engine ``eng`` picked, and its ``on_token``: the step's
+    :class:`DecodeStep` for ``on_step`` and the key ids."""
+
+    def __init__(self, model: Any, eng: StepEngine, cache: Any, prompt: Tensor,
+                 max_new_tokens: int, *, on_step: Callable[[DecodeStep], None] | None,
+                 directions: AnswerDirections | None, prefix: PromptPrefix | None) -> None:
+        self.model, self.eng, self.cache, self.on_step = model, eng, cache, on_step
+        self.directions, self.prefix = directions, prefix
+        self.follow = prefix is not None  # steps on the unablated tokens start at prefix
+        self.N = N = int(prompt.shape[0])
+        self.n_layers = n_layers = int(model.cfg.n_layers)
+        self.W_O = [model.blocks[l].attn.W_O.detach() for l in range(n_layers)]  # views
+        self.keys = prompt.new_zeros(N + max_new_tokens)  # key ids; step t reads keys[:N+t]
+        self.keys[:N] = prompt
+        self.sliding = sliding_layers(cache, n_layers)
+        scale_hooks = directions.hook_names() if directions is not None else []
+        self.twin_scales = (TwinScales(model, eng.twin, scale_hooks)
+                            if eng.path == "eager_twin" else None)
+        self.rows: dict[int, Tensor] = {}  # the bridge's hook_pattern rows of the step
+        self.scales: dict[str, Tensor] = {}
+        self.fwd_hooks = [(f"blocks.{l}.attn.hook_pattern", self._keep_row)
+                          for l in range(n_layers)]
+        self.fwd_hooks += [(name, self._keep_scale) for name in scale_hooks]
+        self.run = {"eager_twin": self._eager_twin, "sdpa_twin": self._sdpa_twin,
+                    "bridge": self._bridge}[eng.path]
+        # the current step's logits [d_vocab], rows, scales and pre-step sliding values
+        self.logits: Tensor | None = None
+        self.attn: Sequence[Tensor] = ()
+        self.step_scales: dict[str, Any] = {}
+        self.before: list[Tensor | None] = []
+
+    def _keep_row(self, pattern: Tensor, hook: Any) -> None:
+        self.rows[int(hook.name.split(".")[1])] = pattern[0, :, -1, :].detach()
+
+    def _keep_scale(self, scale: Tensor, hook: Any) -> None:  # stays on the device
+        self.scales[hook.name] = scale.reshape(scale.shape[0], scale.shape[1], -1)[0, -1, 0]
+
+    def __call__(self, t: int, rows: list[int], last: list[int] | None) -> Tensor:
+        n_keys = self.N + t
+        step_input = self.keys[n_keys - 1 : n_keys].view(1, 1)
+        # only a sliding layer's pre-step values are needed (and small); a full layer's
+        # old cache is never kept alive past its update
+        self.before = pre_step_values(self.cache, self.sliding)
+        self.logits = self.run(t, step_input)
+        return self.logits[None]
+
+    def _eager_twin(self, t: int, step_input: Tensor) -> Tensor:
+        out = self.eng.twin(step_input, past_key_values=self.cache,  # type: ignore[misc]
+                            use_cache=True, output_attentions=True, logits_to_keep=1)
+        self.attn = [a.reshape(a.shape[1], a.shape[-1]) for a in out.attentions]
+        self.step_scales = ({k: v[0] for k, v in self.twin_scales.values.items()}
+                            if self.twin_scales is not None else {})
+        return out.logits[0, -1]
+
+    def _sdpa_twin(self, t: int, step_input: Tensor) -> Tensor:
+        reused = (trace_step(self.model, self.prefix, self.cache, t, step_input)
+                  if self.follow and self.prefix is not None else None)
+        self.follow = reused is not None
+        if reused is not None:
+            return reused
+        return self.eng.twin(step_input, past_key_values=self.cache,  # type: ignore[misc]
+                             use_cache=True, logits_to_keep=1).logits[0, -1]
+
+    def _bridge(self, t: int, step_input: Tensor) -> Tensor:
+        self.rows.clear()
+        self.scales.clear()
+        logits = self.model.run_with_hooks(
+            step_input, fwd_hooks=self.fwd_hooks if self.on_step is not None else [],
+            past_key_values=self.cache, use_cache=True, return_type="logits")[0, -1]
+        self.attn = ([self.rows[l] for l in range(self.n_layers)]
+                     if self.on_step is not None else ())
+        self.step_scales = dict(self.scales)
+        return logits
+
+    def on_token(self, row: int, t: int, y: int, thinking: bool) -> None:
+        n_keys = self.N + t
+        self.follow = self.follow and y == self.prefix.trace.tokens[t]  # type: ignore[union-attr]
+        if self.on_step is not None:
+            pattern, kv = _assemble(self.attn, self.cache, self.before, n_keys)
+            self.on_step(DecodeStep(
+                t=t, token=y, key_tokens=self.keys[:n_keys], pattern=pattern,
+                values=PaddedValues(kv, n_keys), scales=self.step_scales,
+                logits=self.logits, thinking=thinking,  # type: ignore[arg-type]
+                _W_O=self.W_O, _directions=self.directions, _kv=kv))
+        if n_keys < self.keys.shape[0]:
+            self.keys[n_keys] = y
+
+    def close(self) -> None:
+        if self.twin_scales is not None:
+            self.twin_scales.remove()

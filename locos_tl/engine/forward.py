@@ -5,13 +5,13 @@ sharing the bridge's weight tensors (:mod:`locos_tl.engine.twin`), or by the bri
 query chunks. Each decode step of :func:`locos_tl.engine.decode.greedy_decode` then runs on
 the engine :func:`step_engine` picks (``decode_engine``): the *eager twin* (called with
 ``output_attentions=True``: a query of length 1 costs one ``[n_heads, N]`` row per
-layer; norm scales from light module pre-hooks, :class:`_TwinScales`), the SDPA twin
+layer; norm scales from light module pre-hooks, :class:`TwinScales`), the SDPA twin
 when no attention rows are needed, or the TransformerBridge with ``hook_pattern`` hooks
 -- the reference every fast path is tested against (``tests/test_fast_decode.py``),
 used whenever a hook is attached to the bridge or no twin exists.
 
 Values are read from the KV cache (they equal ``hook_v``) and aligned to absolute key
-positions (:func:`_aligned_values`): a sliding-window layer's cache drops the oldest
+positions (:func:`aligned_values`): a sliding-window layer's cache drops the oldest
 key during the step's update, so its values are the cache before the update plus the
 step's new value (docs/concepts.md).
 """
@@ -31,8 +31,10 @@ from locos_tl.engine.interventions import hooks_reproducible, lens_hooks_attache
 from locos_tl.engine.twin import sdpa_twin, twin_info
 from locos_tl.errors import LocosError, warn_caller
 
-__all__ = ["DECODE_ENGINES", "DecodeEngine", "StepEngine", "engine_paths", "fork_cache",
-           "prefill", "prefill_with_rows", "step_engine"]
+__all__ = ["DECODE_ENGINES", "DecodeEngine", "StepEngine", "TwinScales", "aligned_values",
+           "cache_values", "engine_paths", "fork_cache", "hf_model", "new_cache",
+           "pre_step_values", "prefill", "prefill_with_rows", "sliding_layers", "step_engine",
+           "step_values"]
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +42,20 @@ DecodeEngine = Literal["auto", "twin", "bridge"]
 DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
 
 
-def _hf_model(model: Any) -> Any:
+def hf_model(model: Any) -> Any:
+    """The Hugging Face model a TransformerBridge wraps (``model.original_model``)."""
     return model.original_model
 
 
-def _new_cache(model: Any) -> Any:
+def new_cache(model: Any) -> Any:
+    """An empty transformers ``DynamicCache`` for ``model``'s config (full and sliding
+    layers as the config declares)."""
     from transformers import DynamicCache
 
-    return DynamicCache(config=_hf_model(model).config)
+    return DynamicCache(config=hf_model(model).config)
+
+
+_new_cache = new_cache  # the old private name, still imported by experiments/{atp,patching}
 
 
 def fork_cache(model: Any, cache: Any) -> Any:
@@ -57,7 +65,7 @@ def fork_cache(model: Any, cache: Any) -> Any:
     leaves ``cache`` as it was."""
     import copy
 
-    fork = _new_cache(model)
+    fork = new_cache(model)
     fork.layers = [copy.copy(layer) for layer in cache.layers]
     return fork
 
@@ -82,7 +90,7 @@ def prefill(
     """
     if mode not in ("auto", "sdpa", "bridge"):
         raise ValueError(f"unknown prefill mode {mode!r}; use 'auto', 'sdpa' or 'bridge'")
-    cache = _new_cache(model)
+    cache = new_cache(model)
     if tokens.shape[1] == 0:
         return cache
     if mode == "auto" and not hooks_reproducible(model):  # a hook the twin cannot run
@@ -220,7 +228,7 @@ def engine_paths(
             "decode_reason": eng.reason}
 
 
-class _TwinScales:
+class TwinScales:
     """Light forward pre-hooks on the twin's norms: ``hook_scale`` at the last position.
 
     The same value TransformerLens' norm bridge gives ``hook_scale`` (float32
@@ -238,7 +246,7 @@ class _TwinScales:
         self.handles: list[Any] = []
         if not names:
             return
-        hf = _hf_model(model)
+        hf = hf_model(model)
         where = {id(m): n.replace("._original_component", "") for n, m in hf.named_modules()}
         layernorm = str(getattr(model.cfg, "normalization_type", "RMS")).upper().startswith("LN")
         for name in names:
@@ -269,38 +277,38 @@ class _TwinScales:
         self.handles = []
 
 
-def _cache_values(cache: Any, layer: int) -> Tensor | None:
-    """The layer's cached values ``[1, n_kv, K, d_head]`` (None before the first update)."""
+def cache_values(cache: Any, layer: int) -> Tensor | None:
+    """The layer's cached values ``[B, n_kv, K, d_head]`` (None before the first update)."""
     vals = getattr(cache.layers[layer], "values", None) if layer < len(cache.layers) else None
     return vals if isinstance(vals, Tensor) else None
 
 
-def _sliding_layers(cache: Any, n_layers: int) -> list[bool]:
+def sliding_layers(cache: Any, n_layers: int) -> list[bool]:
     """Per layer, whether its cache is a sliding-window layer (``is_sliding``), the
-    layers whose pre-step values :func:`_step_values` needs; a full layer's old values
+    layers whose pre-step values :func:`step_values` needs; a full layer's old values
     are never kept alive past its update."""
     return [bool(getattr(cache.layers[l], "is_sliding", False))
             if l < len(cache.layers) else False for l in range(n_layers)]
 
 
-def _pre_step_values(cache: Any, sliding: Sequence[bool]) -> list[Tensor | None]:
-    """The ``before`` of :func:`_step_values` for every layer: a sliding layer's cache
+def pre_step_values(cache: Any, sliding: Sequence[bool]) -> list[Tensor | None]:
+    """The ``before`` of :func:`step_values` for every layer: a sliding layer's cache
     values just before the step (small), None for a full layer."""
-    return [_cache_values(cache, l) if s else None for l, s in enumerate(sliding)]
+    return [cache_values(cache, l) if s else None for l, s in enumerate(sliding)]
 
 
-def _step_values(before: Tensor | None, after: Tensor, n_row: int, layer: int) -> Tensor:
+def step_values(before: Tensor | None, after: Tensor, n_row: int, layer: int) -> Tensor:
     """Values of the ``n_row`` keys one decode step's query attended to, ``[n_kv, n_row,
     d_head]`` (a view of the cache when it holds them all), oldest first (absolute
-    positions ``N_t - n_row .. N_t - 1``): :func:`_aligned_values` of batch size 1.
+    positions ``N_t - n_row .. N_t - 1``): :func:`aligned_values` of batch size 1.
 
     Raises:
         LocosError: the cache holds neither layout (an unsupported cache class).
     """
-    return _aligned_values(before, after, n_row, layer)[0]  # [n_kv, n_row, d_head]
+    return aligned_values(before, after, n_row, layer)[0]  # [n_kv, n_row, d_head]
 
 
-def _aligned_values(before: Tensor | None, after: Tensor | None, n_row: int,
+def aligned_values(before: Tensor | None, after: Tensor | None, n_row: int,
                     layer: int) -> Tensor:
     """Values ``[B, n_kv, n_row, d_head]`` of the ``n_row`` keys a decode step's query
     attended to on one layer, oldest first.

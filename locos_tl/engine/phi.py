@@ -59,7 +59,7 @@ def phi_tensor(
     captured: list[DecodeStep] = []
     greedy_decode(
         model, ids[: q + 1], max_new_tokens=1, forced_tokens=[int(target_token)],
-        on_step=captured.append, directions=directions, stop_at_newline=False,
+        on_step=captured.append, directions=directions, stop_rule="none",
         stop_at_eos=False,
     )
     step = captured[0]

@@ -42,7 +42,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from locos_tl.engine.forward import _new_cache, fork_cache
+from locos_tl.engine.forward import fork_cache, new_cache
 from locos_tl.engine.interventions import engine, lens_hooks_attached, lowest_intervened_layer
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import warn_caller
@@ -134,7 +134,7 @@ def capture_prefix(model: Any, tokens: Tensor, layers: Iterable[int], *,
         return None
     n_layers = int(model.cfg.n_layers)
     wanted = sorted({int(l) for l in layers if 0 < int(l) < n_layers}, reverse=True)
-    cache = _new_cache(model)
+    cache = new_cache(model)
     with keep_resid_pre(model, wanted, tokens.shape[1], max_bytes=max_bytes) as resid:
         twin(tokens, past_key_values=cache, use_cache=True, logits_to_keep=1)
     return PromptPrefix(tokens=tokens, cache=cache, resid=resid,
@@ -280,7 +280,7 @@ def prefill_from(model: Any, prefix: PromptPrefix, tokens: Tensor, *,
     start = n_layers if start is None else start
     if start >= n_layers:
         return fork_cache(model, prefix.cache)
-    cache = _new_cache(model)
+    cache = new_cache(model)
     if start == 0 or start not in prefix.resid:
         return None
 

@@ -3,9 +3,10 @@
 When a decode stops (an end-of-sequence token, a newline as the stop rule defines it,
 or ``max_new_tokens``), which generated tokens belong to a ``<think> ... </think>``
 block (never answer steps, never a stop), and which text is the response. One set of
-rules, :class:`_StopRules`, decides every token alike for
-:func:`locos_tl.engine.decode.greedy_decode`, the batched scorer (:mod:`locos_tl.runs.batch`) and
-the compressed decode (:mod:`locos_tl.experiments.compress`).
+rules, :class:`StopRules`, decides every token alike in the one greedy loop
+(:func:`locos_tl.engine.greedy.greedy_loop`) that :func:`locos_tl.engine.decode.greedy_decode`,
+the batched scorer (:mod:`locos_tl.runs.batch`) and the compressed decode
+(:mod:`locos_tl.experiments.compress`) drive.
 
 The default stop rule ``"newline_token"`` is the authors' release (docs/concepts.md
 protocol table; Gema, Alex & Minervini 2026, arXiv 2607.01002).
@@ -17,14 +18,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
-import torch
 from torch import Tensor
 
 from locos_tl.engine.answers import scan_think, think_token_ids
-from locos_tl.engine.forward import _hf_model
+from locos_tl.engine.forward import hf_model
 
-__all__ = ["STOP_RULES", "DecodeResult", "StopRule", "check_stop_rule", "is_newline_stop",
-           "legacy_stop_rule", "stop_predicate"]
+__all__ = ["STOP_RULES", "DecodeResult", "StopRule", "StopRules", "StopState", "check_stop_rule",
+           "is_newline_stop", "legacy_stop_rule", "stop_predicate"]
 
 StopRule = Literal["newline_token", "contains_newline", "none"]
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
@@ -114,12 +114,14 @@ class DecodeResult:
 
 
 @dataclass
-class _StopState:
-    """One trial's stop and thinking state while decoding (:class:`_StopRules`).
+class StopState:
+    """One trial's stop and thinking state while decoding (:class:`StopRules`).
 
-    ``in_think``: inside a ``<think>`` block; ``start``: the response start in
-    ``generated`` (None while thinking); ``after_think``: only whitespace generated
-    since the block closed; ``stopped_by`` as in :class:`DecodeResult`.
+    Attributes:
+        in_think: inside a ``<think>`` block.
+        start: the response start in ``generated`` (None while thinking).
+        after_think: only whitespace generated since the block closed.
+        stopped_by: as in :class:`DecodeResult` (``"max_new_tokens"`` until a stop).
     """
 
     in_think: bool = False
@@ -129,37 +131,58 @@ class _StopState:
 
 
 @dataclass(frozen=True)
-class _StopRules:
-    """:func:`locos_tl.engine.decode.greedy_decode`'s stop and thinking rules, shared with
-    :mod:`locos_tl.runs.batch` and :mod:`locos_tl.experiments.compress` so all decide
-    every token alike."""
+class StopRules:
+    """The stop and thinking rules of greedy decoding, one object for every decoder
+    (:func:`locos_tl.engine.greedy.greedy_loop`), so all decide every token alike.
+
+    Build it with :meth:`of`. Per trial, :meth:`initial` gives the state after the
+    prompt; each generated token goes through :meth:`is_thinking` then :meth:`advance`
+    (which says whether decoding stops there); :meth:`result` makes the
+    :class:`DecodeResult`.
+
+    Attributes:
+        tok: the tokenizer (decodes a token to test it against the stop rule).
+        stop_ids: end-of-sequence ids that stop (empty with ``stop_at_eos=False``).
+        think_open, think_close: ``<think>`` / ``</think>`` ids (empty with
+            ``thinking=False``).
+        stop_rule: which newline stops (:func:`is_newline_stop`; ``"none"``: none).
+    """
 
     tok: Any
     stop_ids: frozenset[int]
     think_open: frozenset[int]
     think_close: frozenset[int]
-    stop_rule: str = "newline_token"
-    stop_at_newline: bool = True
+    stop_rule: StopRule = "newline_token"
 
     @classmethod
-    def of(cls, model: Any, stop_rule: str, thinking: bool, *, stop_at_eos: bool = True,
-           stop_at_newline: bool = True) -> _StopRules:
+    def of(cls, model: Any, stop_rule: str = "newline_token", thinking: bool = True, *,
+           stop_at_eos: bool = True) -> StopRules:
+        """The rules of ``model``'s tokenizer: EOS ids from the tokenizer and the
+        generation config, thinking markers found by text
+        (:func:`locos_tl.engine.answers.think_token_ids`).
+
+        Raises:
+            ValueError: unknown ``stop_rule``.
+        """
+        rule = check_stop_rule(stop_rule)
         tok = model.tokenizer
         think_open, think_close = think_token_ids(tok) if thinking else (frozenset(), frozenset())
         return cls(tok, frozenset(_stop_ids(model)) if stop_at_eos else frozenset(),
-                   think_open, think_close, stop_rule, stop_at_newline)
+                   think_open, think_close, rule)
 
-    def initial(self, prompt: Tensor) -> _StopState:
+    def initial(self, prompt: Tensor | Sequence[int]) -> StopState:
         """The state after the prompt ``[N]`` (does it leave a thinking block open?)."""
-        in_think, _ = scan_think(prompt.tolist() if self.think_open or self.think_close
-                                 else (), self.think_open, self.think_close)
-        return _StopState(in_think=in_think, start=None if in_think else 0)
+        if not (self.think_open or self.think_close):
+            return StopState()
+        ids = prompt.tolist() if isinstance(prompt, Tensor) else [int(x) for x in prompt]
+        in_think, _ = scan_think(ids, self.think_open, self.think_close)
+        return StopState(in_think=in_think, start=None if in_think else 0)
 
-    def is_thinking(self, state: _StopState, y: int) -> bool:
+    def is_thinking(self, state: StopState, y: int) -> bool:
         """Whether token ``y`` belongs to a thinking block (its markers included)."""
         return state.in_think or y in self.think_open or y in self.think_close
 
-    def advance(self, state: _StopState, t: int, y: int, step_thinking: bool) -> bool:
+    def advance(self, state: StopState, t: int, y: int, step_thinking: bool) -> bool:
         """Update ``state`` after token ``y`` at step ``t``; True when decoding stops
         here (``state.stopped_by`` says why)."""
         if y in self.stop_ids:
@@ -175,12 +198,12 @@ class _StopRules:
         if state.after_think and not text_y.strip():  # "</think>\n\n": part of the block
             return False
         state.after_think = False
-        if self.stop_at_newline and is_newline_stop(text_y, self.stop_rule):
+        if is_newline_stop(text_y, self.stop_rule):
             state.stopped_by = "newline"
             return True
         return False
 
-    def result(self, state: _StopState, prompt_len: int, generated: list[int]) -> DecodeResult:
+    def result(self, state: StopState, prompt_len: int, generated: list[int]) -> DecodeResult:
         """The :class:`DecodeResult` of a finished decode."""
         tok = self.tok
         n_gen = len(generated)
@@ -198,7 +221,7 @@ class _StopRules:
 def _stop_ids(model: Any) -> set[int]:
     ids: set[int] = set()
     tok = model.tokenizer
-    gen_cfg = getattr(_hf_model(model), "generation_config", None)
+    gen_cfg = getattr(hf_model(model), "generation_config", None)
     for src in (getattr(tok, "eos_token_id", None), getattr(gen_cfg, "eos_token_id", None)):
         if isinstance(src, int):
             ids.add(src)
@@ -208,14 +231,16 @@ def _stop_ids(model: Any) -> set[int]:
 
 
 def stop_predicate(model: Any, prompt: Sequence[int], *, stop_rule: str = "newline_token",
-                   thinking: bool = True, stop_at_eos: bool = True,
-                   stop_at_newline: bool = True) -> Callable[[int, int], bool]:
+                   thinking: bool = True, stop_at_eos: bool = True) -> Callable[[int, int], bool]:
     """``stop(t, y)``: whether :func:`locos_tl.engine.decode.greedy_decode` with these
     rules, on ``prompt``, stops after generating ``y`` at step ``t``. Call it once per
-    step, in order (it keeps the thinking state)."""
-    rules = _StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos,
-                          stop_at_newline=stop_at_newline)
-    state = rules.initial(torch.tensor([int(x) for x in prompt], dtype=torch.long))
+    step, in order (it keeps the thinking state).
+
+    Raises:
+        ValueError: unknown ``stop_rule``.
+    """
+    rules = StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos)
+    state = rules.initial(prompt)
 
     def stop(t: int, y: int) -> bool:
         return rules.advance(state, t, y, rules.is_thinking(state, y))

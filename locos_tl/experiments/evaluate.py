@@ -312,7 +312,7 @@ def ablation_sweep(
                     if t.trial_id in wanted}
         generate_ablated_distributed(
             model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
-            max_new_tokens=max_new_tokens, stop_at_newline=True,
+            max_new_tokens=max_new_tokens,
             chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
             progress=progress, on_result=arrived,
             continuations=[names_of.get(t.trial_id) for _, t in todo],

@@ -24,6 +24,8 @@ batched. How a batch keeps every trial's numbers those of batch size 1:
 - **Early stops do not stall the batch**: a row that stops (newline, EOS, non-finite
   logits) is dropped from the batch and the KV cache (``Cache.batch_select_indices``);
   the others keep decoding.
+- **The same loop as batch size 1**: the pick, the stops and the non-finite check are
+  :func:`locos_tl.engine.greedy.greedy_loop`'s, driven by the batch's own forward.
 
 Batching needs both twins and no hook on the model: with a hook attached (a user's
 TransformerLens hook or an :func:`locos_tl.engine.interventions.intervene` block), with
@@ -39,7 +41,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -47,17 +49,18 @@ from torch import Tensor
 
 from locos_tl.detectors import Detector
 from locos_tl.engine.answers import GATE_THRESHOLD
-from locos_tl.engine.decode import DecodeStep, _PaddedValues
+from locos_tl.engine.decode import DecodeStep, PaddedValues
 from locos_tl.engine.forward import (
-    _aligned_values,
-    _cache_values,
-    _new_cache,
-    _pre_step_values,
-    _sliding_layers,
-    _TwinScales,
+    TwinScales,
+    aligned_values,
+    cache_values,
+    new_cache,
+    pre_step_values,
     prefill_with_rows,
+    sliding_layers,
 )
-from locos_tl.engine.stops import StopRule, _StopRules, _StopState, check_stop_rule
+from locos_tl.engine.greedy import GreedyRow, check_max_new_tokens, greedy_loop
+from locos_tl.engine.stops import StopRule, StopRules
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import TrialError, warn_caller
 from locos_tl.runs.runner import _Collector, non_finite_record, run_trial, trial_record
@@ -97,25 +100,18 @@ def batch_fallback_reason(
 
 @dataclass
 class _Row:
-    """Decoding state of one trial in the batch (mirrors greedy_decode's loop)."""
+    """One trial of the batch; its decoding state is the greedy loop's
+    (:class:`locos_tl.engine.greedy.GreedyRow`). At step ``t`` it has ``n + t`` keys."""
 
     index: int  # position in the caller's trial list
     trial: Trial
     ids: Tensor  # [N] prompt ids on the device
     on_step: Callable[[DecodeStep], None]
-    state: _StopState  # greedy_decode's stop/thinking state
-    keys: Tensor  # [N + max_new_tokens] key ids, as in greedy_decode: the first n_keys set
-    generated: list[int] = field(default_factory=list)
-    non_finite: str | None = None
+    keys: Tensor  # [N + max_new_tokens] key ids, as in greedy_decode: the first n + t set
 
     @property
     def n(self) -> int:
         return int(self.ids.shape[0])
-
-    @property
-    def n_keys(self) -> int:
-        """Key positions of the next step: the prompt plus the tokens generated so far."""
-        return self.n + len(self.generated)
 
 
 @torch.no_grad()
@@ -125,13 +121,14 @@ def _decode_batch(
     *,
     max_new_tokens: int,
     directions: AnswerDirections | None,
-    rules: _StopRules,
+    rules: StopRules,
     chunk_size: int | None,
     prompt_window: int,
     on_prompt_rows: dict[int, Callable[[int, Tensor], None]] | None,
-    on_done: Callable[[_Row], None],
+    on_done: Callable[[_Row, GreedyRow], None],
 ) -> None:
-    """Decode ``rows`` together (module docstring); ``on_done(row)`` as each one stops."""
+    """Decode ``rows`` together (module docstring); ``on_done(row, decoding)`` as each
+    one stops."""
     from locos_tl.engine.twin import twin_info
 
     eager = twin_info(model, "eager").twin
@@ -143,7 +140,7 @@ def _decode_batch(
     mask = torch.zeros(B, T - 1, dtype=torch.long, device=device)  # the cached keys
     for b, r in enumerate(rows):
         mask[b, T - r.n:] = 1  # left padding is masked
-    cache = _new_cache(model)
+    cache = new_cache(model)
 
     # each prompt (but its last token) is prefilled alone, exactly as at batch size 1
     # (:func:`locos_tl.engine.forward.prefill_with_rows`: SDPA twin, prompt rows for the HeadKV
@@ -159,7 +156,7 @@ def _decode_batch(
             on_prompt_rows[r.index] if on_prompt_rows is not None else None,
             mode="sdpa", chunk_size=chunk_size))
     for l, layer in enumerate(cache.layers if P else ()):
-        parts = [(_cache_values(c, l), getattr(c.layers[l], "keys", None)) for c in caches]
+        parts = [(cache_values(c, l), getattr(c.layers[l], "keys", None)) for c in caches]
         ref = next((v for v, _ in parts if v is not None), None)
         if ref is None:
             continue
@@ -177,75 +174,66 @@ def _decode_batch(
             layer.cumulative_length = P
     del caches
 
-    scales = _TwinScales(model, eager,
-                         directions.hook_names() if directions is not None else [])
-    try:
-        # each row's last prompt token at its own position (padding is not counted);
-        # each step appends its own mask column
-        step_input = torch.stack([r.ids[-1:] for r in rows])
-        step_pos = torch.as_tensor([[r.n - 1] for r in rows], device=device)
-        active = list(rows)
+    scales = TwinScales(model, eager,
+                        directions.hook_names() if directions is not None else [])
+    sliding = sliding_layers(cache, n_layers)
+    current = list(range(B))  # the rows in the batch (and the cache), in order
+    step: dict[str, Any] = {}  # the last step's rows, values and logits
+
+    def forward(t: int, active: list[int], last: list[int] | None) -> Tensor:
+        nonlocal mask, current
+        if active != current:  # rows stopped: drop them from the batch and the KV cache
+            sel = torch.as_tensor([current.index(i) for i in active], device=device)
+            cache.batch_select_indices(sel)
+            mask = mask[sel]
+            current = active
+        # each row's last prompt token, then its last token, at its own position (padding
+        # is not counted); each step appends its own mask column
+        step_input = (torch.stack([r.ids[-1:] for r in rows]) if last is None
+                      else torch.as_tensor([[y] for y in last], device=device))
+        step_pos = torch.as_tensor([[rows[i].n + t - 1] for i in active], device=device)
+        mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
         # only a sliding layer's pre-step values are needed (and small); a full layer's
         # old cache is never kept alive past its update (as in greedy_decode)
-        sliding = _sliding_layers(cache, n_layers)
-        for t in range(max_new_tokens):
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            before = _pre_step_values(cache, sliding)
-            out = eager(step_input, attention_mask=mask, position_ids=step_pos,
-                        past_key_values=cache, use_cache=True, output_attentions=True,
-                        logits_to_keep=1)
-            logits = out.logits[:, -1]  # [B, d_vocab]
-            finite = torch.isfinite(logits).all(-1)
-            picks = torch.where(finite, logits.argmax(-1), -1).tolist()  # one host read
-            rows_l = [a[:, :, -1, :].to(torch.float32) for a in out.attentions]  # [B, H, K_l]
-            stacked = (torch.stack(rows_l) if len({x.shape[-1] for x in rows_l}) == 1
-                       else None)  # [L, B, H, K] when no layer has a shorter window
-            vals_l = [_aligned_values(before[l], _cache_values(cache, l), rows_l[l].shape[-1], l)
-                      for l in range(n_layers)]  # [B, n_kv, K_l, d_head]
-            keep: list[int] = []
-            for b, r in enumerate(active):
-                y = int(picks[b])
-                if y < 0:
-                    r.non_finite = (f"decoding step {t}: the logits hold NaN or inf (dtype "
-                                    f"{logits.dtype}; an fp16 overflow? try bfloat16)")
-                    r.state.stopped_by = "non_finite"
-                    on_done(r)
-                    continue
-                n_keys = r.n_keys
-                if stacked is not None and stacked.shape[-1] >= n_keys:  # a view, no copy
-                    pattern = stacked[:, b, :, stacked.shape[-1] - n_keys:]
-                else:
-                    pattern = torch.zeros(n_layers, n_heads, n_keys, device=device)
-                    for l in range(n_layers):
-                        row = rows_l[l][b]  # [H, K_l]
-                        k = min(row.shape[-1], n_keys)
-                        pattern[l, :, n_keys - k:] = row[:, row.shape[-1] - k:]
-                kv = [v[b, :, max(v.shape[-2] - n_keys, 0):] for v in vals_l]  # [n_kv, k, d]
-                step_thinking = rules.is_thinking(r.state, y)
-                r.on_step(DecodeStep(
-                    t=t, token=y, key_tokens=r.keys[:n_keys], pattern=pattern,
-                    values=_PaddedValues(kv, n_keys),
-                    scales={k_: v_[b] for k_, v_ in scales.values.items()}, logits=logits[b],
-                    thinking=step_thinking, _W_O=W_O, _directions=directions, _kv=kv))
-                r.generated.append(y)
-                if n_keys < r.keys.shape[0]:
-                    r.keys[n_keys] = y
-                if rules.advance(r.state, t, y, step_thinking):
-                    on_done(r)
-                    continue
-                keep.append(b)
-            if len(keep) < len(active):
-                if not keep:
-                    return
-                sel = torch.as_tensor(keep, device=device)
-                cache.batch_select_indices(sel)
-                mask = mask[sel]
-                active = [active[b] for b in keep]
-            step_input = torch.as_tensor([[r.generated[-1]] for r in active], device=device)
-            step_pos = torch.as_tensor([[r.n_keys - 1] for r in active],
-                                       device=device)
-        for r in active:
-            on_done(r)
+        before = pre_step_values(cache, sliding)
+        out = eager(step_input, attention_mask=mask, position_ids=step_pos,
+                    past_key_values=cache, use_cache=True, output_attentions=True,
+                    logits_to_keep=1)
+        logits = out.logits[:, -1]  # [B, d_vocab]
+        rows_l = [a[:, :, -1, :].to(torch.float32) for a in out.attentions]  # [B, H, K_l]
+        step.update(
+            logits=logits, rows_l=rows_l, batch={i: b for b, i in enumerate(active)},
+            # [L, B, H, K] when no layer has a shorter window
+            stacked=torch.stack(rows_l) if len({x.shape[-1] for x in rows_l}) == 1 else None,
+            vals_l=[aligned_values(before[l], cache_values(cache, l), rows_l[l].shape[-1], l)
+                    for l in range(n_layers)])  # [B, n_kv, K_l, d_head]
+        return logits
+
+    def on_token(i: int, t: int, y: int, thinking: bool) -> None:
+        r, b = rows[i], step["batch"][i]
+        n_keys = r.n + t
+        stacked, rows_l = step["stacked"], step["rows_l"]
+        if stacked is not None and stacked.shape[-1] >= n_keys:  # a view, no copy
+            pattern = stacked[:, b, :, stacked.shape[-1] - n_keys:]
+        else:
+            pattern = torch.zeros(n_layers, n_heads, n_keys, device=device)
+            for l in range(n_layers):
+                row = rows_l[l][b]  # [H, K_l]
+                k = min(row.shape[-1], n_keys)
+                pattern[l, :, n_keys - k:] = row[:, row.shape[-1] - k:]
+        kv = [v[b, :, max(v.shape[-2] - n_keys, 0):] for v in step["vals_l"]]  # [n_kv, k, d]
+        r.on_step(DecodeStep(
+            t=t, token=y, key_tokens=r.keys[:n_keys], pattern=pattern,
+            values=PaddedValues(kv, n_keys),
+            scales={k_: v_[b] for k_, v_ in scales.values.items()}, logits=step["logits"][b],
+            thinking=thinking, _W_O=W_O, _directions=directions, _kv=kv))
+        if n_keys < r.keys.shape[0]:
+            r.keys[n_keys] = y
+
+    try:
+        greedy_loop(forward, [r.ids for r in rows], rules, max_new_tokens=max_new_tokens,
+                    on_token=on_token, on_done=lambda i, g: on_done(rows[i], g),
+                    non_finite="drop")
     finally:
         scales.remove()
 
@@ -288,12 +276,14 @@ def run_trials_batched(
         1e-5 in float32; tokens and responses identical).
 
     Raises:
-        ValueError: ``batch_size < 1`` or an unknown stop rule.
+        ValueError: ``batch_size < 1``, ``max_new_tokens`` not an integer >= 1, or an
+            unknown stop rule.
         TrialError: an empty prompt.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    stop_rule = check_stop_rule(stop_rule)
+    check_max_new_tokens(max_new_tokens)
+    rules = StopRules.of(model, stop_rule, thinking)
     trials = list(trials)
     out: list[dict[str, Any] | None] = [None] * len(trials)
 
@@ -317,7 +307,6 @@ def run_trials_batched(
         return out  # type: ignore[return-value]
 
     device = next(model.original_model.parameters()).device
-    rules = _StopRules.of(model, stop_rule, thinking)
     window = max((d.prompt_window for d in detectors), default=0)
     order = sorted(range(len(trials)), key=lambda i: trials[i].n_tokens)
     for s in range(0, len(order), batch_size):
@@ -331,16 +320,14 @@ def run_trials_batched(
             prompt = torch.as_tensor(trial.tokens, dtype=torch.long, device=device)
             cols[i] = _Collector(trial, detectors)
             rows.append(_Row(index=i, trial=trial, ids=prompt, on_step=cols[i].on_step,
-                             state=rules.initial(prompt),
                              keys=torch.cat([prompt, prompt.new_zeros(max_new_tokens)])))
 
-        def finished(r: _Row, cols_: dict[int, _Collector] = cols) -> None:
-            if r.non_finite is not None:
-                rec = non_finite_record(r.trial, r.non_finite, detectors)
+        def finished(r: _Row, dec: GreedyRow, cols_: dict[int, _Collector] = cols) -> None:
+            if dec.non_finite is not None or dec.result is None:
+                rec = non_finite_record(r.trial, str(dec.non_finite), detectors)
             else:
-                rec = trial_record(model, r.trial, detectors,
-                                   rules.result(r.state, r.n, list(r.generated)),
-                                   cols_[r.index], gate_threshold)
+                rec = trial_record(model, r.trial, detectors, dec.result, cols_[r.index],
+                                   gate_threshold)
             done(r.index, rec)
 
         prompt_cbs = ({i: c.on_prompt_rows for i, c in cols.items()} if window else None)

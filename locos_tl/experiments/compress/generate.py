@@ -5,9 +5,10 @@ cache (:func:`locos_tl.engine.forward.prefill`: the SDPA twin, or the bridge); t
 compressed per unit (:func:`locos_tl.experiments.compress.cache.compress_cache`: only the retained
 entries are copied into the compressed cache, so memory really drops); the question
 tokens ``[query_start, N)`` run through the compressed cache in one forward; greedy
-decoding continues with the same cache (new tokens always kept), stopping by the
-project's rules (:class:`locos_tl.engine.stops._StopRules`: newline token, EOS, thinking
-blocks). Positions are explicit (``position_ids``), so RoPE sees the original absolute
+decoding continues with the same cache (new tokens always kept), in the package's one
+greedy loop (:func:`locos_tl.engine.greedy.greedy_loop`) with its stop rules
+(:class:`locos_tl.engine.stops.StopRules`: newline token, EOS, thinking blocks).
+Positions are explicit (``position_ids``), so RoPE sees the original absolute
 positions.
 
 With every unit full, the result equals :func:`locos_tl.engine.decode.greedy_decode` token for
@@ -25,7 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from locos_tl.errors import LocosError, NonFiniteError, TrialError
+from locos_tl.engine.greedy import check_max_new_tokens, greedy_loop
+from locos_tl.engine.stops import StopRules
+from locos_tl.errors import LocosError, TrialError
 from locos_tl.experiments.compress.budgets import Budgets
 from locos_tl.experiments.compress.cache import (
     CACHE_KWARG,
@@ -145,38 +148,28 @@ def decode_compressed(
         ValueError: ``max_new_tokens`` < 1 or an unknown stop rule.
         NonFiniteError: a step's logits hold NaN or inf.
     """
-    from locos_tl.engine.stops import _StopRules, check_stop_rule
-
-    check_stop_rule(stop_rule)
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) \
-            or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
+    check_max_new_tokens(max_new_tokens)
+    rules = StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos)
     twin = compression_twin(model)
     device = next(twin.parameters()).device
     ids = torch.tensor([trial.tokens], dtype=torch.long, device=device)
     N = ids.shape[1]
-    rules = _StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos)
-    state = rules.initial(ids[0])
-    step_in = ids[:, query_start:]
-    pos = N - step_in.shape[1]
-    generated: list[int] = []
     all_logits: list[Tensor] = []
-    for t in range(max_new_tokens):
+
+    def forward(t: int, rows: list[int], last: list[int] | None) -> Tensor:
+        # step 0: the whole question, after it one token; at absolute positions
+        step_in = ids[:, query_start:] if last is None else ids.new_tensor([last])
+        pos = query_start if last is None else N + t - 1
         position_ids = torch.arange(pos, pos + step_in.shape[1], device=device)[None]
         logits = twin(step_in, past_key_values=cache, position_ids=position_ids,
                       use_cache=True, logits_to_keep=1, **{CACHE_KWARG: cache}).logits[0, -1]
-        pos += step_in.shape[1]
         if keep_logits:
             all_logits.append(logits.float())
-        pick = int(torch.where(torch.isfinite(logits).all(), logits.argmax(), -1))
-        if pick < 0:
-            raise NonFiniteError(f"compressed decoding step {t}: the logits hold NaN or inf")
-        step_thinking = rules.is_thinking(state, pick)
-        generated.append(pick)
-        if rules.advance(state, t, pick, step_thinking):
-            break
-        step_in = ids.new_tensor([[pick]])
-    res = rules.result(state, N, generated)
+        return logits[None]
+
+    res = greedy_loop(forward, [ids[0]], rules, max_new_tokens=max_new_tokens,
+                      what="compressed decoding")[0].result
+    assert res is not None  # non_finite="raise": the row has its result
     first = (res.generated[res.response_start]
              if res.response_start < len(res.generated) else None)
     return CompressedResult(

@@ -30,7 +30,6 @@ class AblatedGenerationTask:
     means: Any
     trial: Any
     max_new_tokens: int
-    stop_at_newline: bool = True
     chunk_size: int = 1024
     stop_rule: str = "newline_token"
     thinking: bool = True
@@ -42,8 +41,7 @@ class AblatedGenerationTask:
 
         with ablate(host.model, list(self.heads), self.mode, means=self.means):  # type: ignore[arg-type]
             res = greedy_decode(host.model, self.trial.tokens,
-                                max_new_tokens=self.max_new_tokens,
-                                stop_at_newline=self.stop_at_newline, prefill_mode="auto",
+                                max_new_tokens=self.max_new_tokens, prefill_mode="auto",
                                 chunk_size=self.chunk_size,
                                 stop_rule=self.stop_rule,  # type: ignore[arg-type]
                                 thinking=self.thinking,
@@ -61,7 +59,6 @@ def generate_ablated_distributed(
     mode: str,
     means: Any = None,
     max_new_tokens: int = 100,
-    stop_at_newline: bool = True,
     chunk_size: int = 1024,
     stop_rule: str = "newline_token",
     thinking: bool = True,
@@ -83,8 +80,9 @@ def generate_ablated_distributed(
         items: ``(heads, trial)`` pairs: the ``(layer, head)`` list to ablate (empty: no
             ablation) and the :class:`~locos_tl.trials.Trial` to generate for.
         mode, means: see :func:`locos_tl.engine.ablation.ablate`.
-        max_new_tokens, stop_at_newline, chunk_size, stop_rule, thinking: see
-            :func:`locos_tl.engine.decode.greedy_decode`.
+        max_new_tokens, chunk_size, stop_rule, thinking: see
+            :func:`locos_tl.engine.decode.greedy_decode` (``stop_rule="none"``: no
+            newline stops).
         workers, ray_address, load_kwargs, pool, **pool_kwargs: as in
             :func:`score_trials_distributed`.
         on_result: driver-side callback as each generation arrives (write the
@@ -110,8 +108,7 @@ def generate_ablated_distributed(
                          "give one per item (None for an item without)")
     require_ray()
     tasks = [AblatedGenerationTask(tuple((int(a), int(b)) for a, b in heads), mode, means,
-                                   trial, max_new_tokens, stop_at_newline, chunk_size,
-                                   stop_rule, thinking,
+                                   trial, max_new_tokens, chunk_size, stop_rule, thinking,
                                    None if names is None
                                    else tuple(tuple(int(i) for i in n) for n in names))
              for (heads, trial), names in zip(items, conts, strict=True)]
