@@ -4,7 +4,8 @@ A SentencePiece-style tokenizer (``Metaspace(prepend_scheme="first")``: Llama-2,
 Mistral, Phi-3, TinyLlama) marks the start of a text: ``"Chiara"`` alone is
 ``▁Chiara``, but after ``"<|assistant|>\\n"`` it is ``Chiara``. The names' ids are cut
 from the joint encoding of prompt and name (lm-evaluation-harness's rule), and every
-caller (``name_margin``, ``ablation_sweep``, ``teacher_forced_sweep``) uses them.
+caller (``name_margin``, ``ablation_sweep``, ``teacher_forced_sweep``, the elicitation's
+training answer) uses them.
 Byte-level BPE (SmolLM2), Gemma-style ``▁`` without a start rule and the organisms'
 word-level tokenizer keep the ids they had (published margins do not change).
 """
@@ -119,15 +120,42 @@ def test_the_completion_template_keeps_the_space_marker(llama2_tok):
     assert tok.convert_ids_to_tokens(got[0])[0] == "▁Chiara"
 
 
-def test_a_boundary_merge_encodes_the_name_on_its_own(llama2_tok):
-    """A prompt whose last token fuses with the name (a trailing space taken into
-    ``▁Chiara``): no ids after the prompt's are the tokenizer's, and the name is encoded
-    on its own, as before the joint rule."""
+@pytest.mark.parametrize("ending, name, written", [
+    ("chat", "Arjun", ["A", "r", "<unk>", "u", "n"]),  # "\nA" is a token of this vocabulary
+    ("chat", "Anna", ["A", "n", "n", "a"]),
+    ("space", "Chiara", ["Chiara"]),  # the prompt's "▁" would fuse into "▁Chiara"
+])
+def test_a_boundary_merge_moves_the_whitespace(llama2_tok, ending, name, written):
+    """A prompt whose trailing whitespace fuses with the name's first characters: the
+    prompt's own ids are no prefix of the joint encoding. The whitespace moves to the
+    continuation (lm-evaluation-harness): the name's ids follow the prompt's whitespace
+    token without a word-start marker (the name on its own has one), the joint
+    encoding's tokens after the fused one are kept, and prompt + name decode to the
+    prompt text and the name."""
     tok = llama2_tok
-    prompt = "Who has been to Dresden? The character's name is "
-    ctx, joint = _ids(tok, prompt), _ids(tok, prompt + "Chiara")
-    assert joint[: len(ctx)] != ctx  # the merge: the trailing "▁" is re-tokenized
-    assert name_token_ids(tok, "Chiara", context=prompt) == name_token_ids(tok, "Chiara")
+    prompt = (_chat_prompt(tok) if ending == "chat"
+              else "Who has been to Dresden? The character's name is ")
+    ctx, joint = _ids(tok, prompt), _ids(tok, prompt + name)
+    assert joint[: len(ctx)] != ctx  # the merge
+    alone = name_token_ids(tok, name)
+    assert tok.convert_ids_to_tokens(alone)[0].startswith("▁")  # what was scored before
+    got = name_token_ids(tok, name, context=prompt)
+    assert tok.convert_ids_to_tokens(got) == written
+    assert got[1:] == joint[len(ctx):]
+    assert tok.decode(ctx + got) == tok.decode(joint)
+    t = dataclasses.replace(_trial(tok, prompt), meta={
+        "character": name, "distractor_names": NAMES, "template": "default"})
+    assert candidate_token_ids(tok, t)[0] == answer_token_ids(tok, t)[0] == got
+
+
+def test_a_merge_without_whitespace_encodes_the_name_on_its_own(llama2_tok):
+    """No whitespace to move (the prompt's last token ``▁C`` fuses with ``"hiara"`` into
+    ``▁Chiara``): the name is encoded on its own."""
+    tok = llama2_tok
+    prompt = "Who has been to Dresden? The character's name is C"
+    ctx, joint = _ids(tok, prompt), _ids(tok, prompt + "hiara")
+    assert joint[: len(ctx)] != ctx
+    assert name_token_ids(tok, "hiara", context=prompt) == name_token_ids(tok, "hiara")
 
 
 # -- the tokenizers that work today keep their ids --------------------------------------
@@ -175,6 +203,28 @@ def test_the_organisms_word_level_answers_keep_their_ids():
 
 
 # -- every caller scores the written ids -----------------------------------------------
+
+#: (name, its ids on their own, its ids after "<|assistant|>\n"): the same count for
+#: ``Chiara``, 5 tokens (``▁ A n n a``) where the model writes 4 for ``Anna``
+WRITTEN_COUNTS = (("Chiara", 1, 1), ("Anna", 5, 4))
+
+
+def test_the_elicitation_trains_on_the_written_answer(llama2_tok):
+    """The elicitation's training answer is the joint encoding's continuation, not the
+    answer encoded on its own."""
+    from locos_tl.organisms.elicit import answer_ids
+
+    tok = llama2_tok
+    prompt = _chat_prompt(tok)
+    for name, n_alone, n_written in WRITTEN_COUNTS:
+        t = dataclasses.replace(_trial(tok, prompt), answer=name)
+        written = name_token_ids(tok, name, context=prompt)
+        alone = _ids(tok, name)
+        assert written != alone and (len(alone), len(written)) == (n_alone, n_written)
+        assert answer_ids(tok, t) == [*written, tok.eos_token_id]
+        assert answer_ids(tok, dataclasses.replace(t, prompt="")) == [*written,
+                                                                      tok.eos_token_id]
+
 
 @pytest.fixture(scope="module")
 def llama2_model(llama2_tok, tmp_path_factory):

@@ -22,6 +22,11 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
+from locos_tl.engine.continuation_tokens import (  # noqa: F401  (trial_context re-exported)
+    answer_prefix,
+    continuation_token_ids,
+    trial_context,
+)
 from locos_tl.engine.continuations import check_continuations, continuation_logprob
 from locos_tl.errors import TrialError
 from locos_tl.trials import Trial
@@ -42,17 +47,9 @@ def candidate_names(trial: Trial) -> tuple[str, list[str]]:
 
 def name_prefix(trial: Trial) -> str:
     """What precedes a name at the answer position: a space after the completion
-    template (``"... The character's name is"``), nothing at the start of a chat turn."""
-    return " " if trial.meta.get("template") == "completion" else ""
-
-
-def _encode(tokenizer: Any, text: str) -> list[int]:
-    """``text``'s ids, no special tokens added (no length warning: prompts may be long)."""
-    try:
-        ids = tokenizer(text, add_special_tokens=False, verbose=False).input_ids
-    except TypeError:  # a tokenizer-like object without ``verbose``
-        ids = tokenizer(text, add_special_tokens=False).input_ids
-    return [int(i) for i in ids]
+    template (``"... The character's name is"``), nothing at the start of a chat turn
+    (:func:`~locos_tl.engine.continuation_tokens.answer_prefix`)."""
+    return answer_prefix(trial)
 
 
 def name_token_ids(tokenizer: Any, name: str, prefix: str = "", *,
@@ -61,20 +58,14 @@ def name_token_ids(tokenizer: Any, name: str, prefix: str = "", *,
     them right after ``context`` (the prompt text).
 
     With ``context``, the ids are cut from the joint encoding (lm-evaluation-harness's
-    rule for continuations): ``encode(context + prefix + name)`` after its longest common
-    prefix with ``encode(context)``. A tokenizer that marks the start of a text
-    (SentencePiece's word-start ``▁`` under ``Metaspace(prepend_scheme="first")``:
-    Llama-2, Mistral, Phi-3, TinyLlama) encodes a name on its own as ``▁Chiara`` but
-    after ``"<|assistant|>\\n"`` as ``Chiara``; the joint encoding gives the latter, the
+    rule for continuations;
+    :func:`~locos_tl.engine.continuation_tokens.continuation_token_ids`, which see for
+    a boundary merge). A tokenizer that marks the start of a text (SentencePiece's
+    word-start ``▁`` under ``Metaspace(prepend_scheme="first")``: Llama-2, Mistral,
+    Phi-3, TinyLlama) encodes a name on its own as ``▁Chiara`` but after
+    ``"<|assistant|>\\n"`` as ``Chiara``; the joint encoding gives the latter, the
     sequence the model writes. Byte-level BPE (SmolLM2, Qwen, Llama-3) and tokenizers
     with no start-of-text rule give the same ids either way.
-
-    Boundary merge: when the joint encoding changes a token of the context's own
-    encoding (the context's last token fuses with the name's first characters, say a
-    trailing space taken into ``" Chiara"``, or a word-level tokenizer reading
-    ``"QYuki"`` as one unknown word), no token sequence after the prompt's tokens is
-    the one the tokenizer writes. The name is then encoded on its own, as without
-    ``context`` (the ids used before the joint rule).
 
     Args:
         tokenizer: a Hugging Face tokenizer (or a model's ``.tokenizer``).
@@ -95,38 +86,11 @@ def names_token_ids(tokenizer: Any, names: Sequence[str], prefix: str = "", *,
     Raises:
         TrialError: a name tokenizes to nothing.
     """
-    context_ids = _encode(tokenizer, context) if context else []
-    out = []
-    for name in names:
-        text = prefix + name
-        ids: list[int] = []
-        if context:
-            ids = _cut_continuation(context_ids, _encode(tokenizer, context + text))
-        if not ids:
-            ids = _encode(tokenizer, text)
+    out = continuation_token_ids(tokenizer, [prefix + n for n in names], context=context)
+    for name, ids in zip(names, out, strict=True):
         if not ids:
             raise TrialError(f"the name {name!r} tokenizes to nothing")
-        out.append(ids)
     return out
-
-
-def _cut_continuation(context_ids: Sequence[int], joint_ids: Sequence[int]) -> list[int]:
-    """``joint_ids`` after ``context_ids`` when ``joint_ids`` starts with all of them;
-    ``[]`` on a boundary merge (:func:`name_token_ids`)."""
-    n = 0
-    for a, b in zip(context_ids, joint_ids, strict=False):
-        if a != b:
-            break
-        n += 1
-    return list(joint_ids[n:]) if n == len(context_ids) else []
-
-
-def trial_context(tokenizer: Any, trial: Trial) -> str:
-    """The text a trial's answer continues: its prompt text, or, for a trial built from
-    ids (``prompt == ""``), its tokens decoded (special tokens kept)."""
-    if trial.prompt:
-        return trial.prompt
-    return str(tokenizer.decode(list(trial.tokens), skip_special_tokens=False))
 
 
 def _logits(model: Any, ids: Tensor) -> Tensor:

@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 
+from locos_tl.engine.continuation_tokens import continuation_token_ids, trial_context
 from locos_tl.errors import LocosError
 from locos_tl.organisms.config_record import describe_changes
 from locos_tl.organisms.elicit_config import (  # noqa: F401  (re-exported)
@@ -59,7 +60,11 @@ def lr_at(cfg: ElicitConfig, step: int) -> float:
 
 def answer_ids(tokenizer: Any, trial: Trial) -> list[int]:
     """The answer trained on: the target's name (chat: the assistant turn; completion:
-    `` NAME.`` after "The character's name is"), then end of turn.
+    `` NAME.`` after "The character's name is"), then end of turn. The name's ids are
+    those the tokenizer writes right after the trial's prompt, cut from the joint
+    encoding (:func:`~locos_tl.engine.continuation_tokens.continuation_token_ids`): a
+    SentencePiece-style tokenizer that marks the start of a text writes ``Chiara``
+    after ``"<|assistant|>\\n"``, not the ``▁Chiara`` of the name on its own.
 
     Raises:
         LocosError: the answer tokenizes to nothing.
@@ -67,7 +72,7 @@ def answer_ids(tokenizer: Any, trial: Trial) -> list[int]:
     text = trial.answer
     if trial.meta.get("template") == "completion":
         text = f" {text}."
-    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    ids = continuation_token_ids(tokenizer, [text], context=trial_context(tokenizer, trial))[0]
     if not ids:
         raise LocosError(f"answer {trial.answer!r} tokenizes to nothing")
     return [*ids, tokenizer.eos_token_id]
