@@ -5,7 +5,7 @@ Mistral, Phi-3, TinyLlama) marks the start of a text: ``"Chiara"`` alone is
 ``▁Chiara``, but after ``"<|assistant|>\\n"`` it is ``Chiara``. The names' ids are cut
 from the joint encoding of prompt and name (lm-evaluation-harness's rule), and every
 caller (``name_margin``, ``ablation_sweep``, ``teacher_forced_sweep``, the elicitation's
-training answer) uses them.
+training answer, HeadKV's answer length) uses them.
 Byte-level BPE (SmolLM2), Gemma-style ``▁`` without a start rule and the organisms'
 word-level tokenizer keep the ids they had (published margins do not change).
 """
@@ -224,6 +224,38 @@ def test_the_elicitation_trains_on_the_written_answer(llama2_tok):
         assert answer_ids(tok, t) == [*written, tok.eos_token_id]
         assert answer_ids(tok, dataclasses.replace(t, prompt="")) == [*written,
                                                                       tok.eos_token_id]
+
+
+def test_headkv_counts_the_written_answer(llama2_tok):
+    """HeadKV decodes as many steps as the answer has tokens where the model writes it:
+    after the prompt and a thinking block (the context a run hands it)."""
+    from locos_tl.detectors import HeadKV, TrialOutcome
+    from locos_tl.detectors.headkv import headkv_n_steps
+    from locos_tl.engine.stops import DecodeResult
+    from locos_tl.runs.trial import response_context
+
+    tok = llama2_tok
+    prompt = _chat_prompt(tok)
+    think = _ids(tok, "Harbour Bridge.")
+    for name, n_alone, n_written in WRITTEN_COUNTS:
+        t = dataclasses.replace(_trial(tok, prompt), answer=name)
+        written = name_token_ids(tok, name, context=prompt)
+        assert headkv_n_steps(tok, name) == n_alone  # the released code's count
+        assert headkv_n_steps(tok, name, context=prompt) == n_written
+        result = DecodeResult(prompt_len=len(t.tokens), generated=[*think, *written, 2],
+                              text=name, stopped_by="eos", response_start=len(think))
+        context = response_context(tok, t, result)
+        assert context == prompt + tok.decode(think, skip_special_tokens=False)
+        outcome = TrialOutcome(generated=result.generated, response=name, answer=name,
+                               rouge1_recall=1.0, answer_steps=[], gate_threshold=0.5,
+                               tokenizer=tok, response_start=len(think), context=context)
+        assert HeadKV().used_steps(outcome) == list(range(len(think),
+                                                          len(think) + n_written))
+        assert HeadKV().response_prefix(outcome) == name
+    # after a completion template the answer starts with a space: ``▁Anna``, as alone
+    completion = "Who has been to Dresden? The character's name is"
+    assert headkv_n_steps(tok, "Anna", context=completion, prefix=" ") == \
+        len(_ids(tok, completion + " Anna")) - len(_ids(tok, completion)) == 5
 
 
 @pytest.fixture(scope="module")

@@ -28,6 +28,14 @@ class TrialOutcome:
         tokenizer: the model's tokenizer (HeadKV decodes a prefix of the response).
         response_start: index in ``generated`` of the first step after a thinking
             block (0 without one).
+        context: the text the response continues (the prompt text, then the thinking
+            block's tokens decoded), for tokenizing the answer as the model writes it
+            (:func:`~locos_tl.engine.continuation_tokens.continuation_token_ids`);
+            None: unknown (the answer is tokenized on its own).
+        answer_prefix: what precedes the answer at the answer position (``" "`` after a
+            completion template:
+            :func:`~locos_tl.engine.continuation_tokens.answer_prefix`); read with
+            ``context`` only.
     """
 
     generated: list[int]
@@ -38,6 +46,8 @@ class TrialOutcome:
     gate_threshold: float
     tokenizer: Any = None
     response_start: int = 0
+    context: str | None = None
+    answer_prefix: str = ""
 
 
 class Detector:

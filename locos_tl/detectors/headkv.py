@@ -2,10 +2,11 @@
 
 - ``headkv``: HeadKV's retrieval-reasoning score as published (Fu et al. 2025, "Not
   All Heads Matter", arXiv 2410.19258, Sec. 3.1, and its released
-  ``retrieval_head_detection_r2.py``): decode as many tokens as the gold answer has,
-  keep the trial when the QA-F1 of that response exceeds 0.5, and at each of those
-  steps add ``alpha / |span|`` for each of the top-``|span|`` attended positions that
-  lies inside the span (no token match); the span is the answer part (``real_needle``).
+  ``retrieval_head_detection_r2.py``): decode as many tokens as the gold answer has
+  (as the model writes it after the prompt: :func:`headkv_n_steps`), keep the trial
+  when the QA-F1 of that response exceeds 0.5, and at each of those steps add
+  ``alpha / |span|`` for each of the top-``|span|`` attended positions that lies inside
+  the span (no token match); the span is the answer part (``real_needle``).
 - ``headkv_anchor``: the anchor-window variant of the LOCOS release (Gema, Alex &
   Minervini 2026, arXiv 2607.01002, reference implementation): prompt only (no
   generated token, no gate); for each of the last 8 prompt positions take the
@@ -24,16 +25,30 @@ from torch import Tensor
 from locos_tl.detectors.attention import headkv_step
 from locos_tl.detectors.base import Detector, TrialOutcome
 from locos_tl.engine.answers import token_f1
+from locos_tl.engine.continuation_tokens import continuation_token_ids
 from locos_tl.engine.decode import DecodeStep
 
 #: Last prompt positions read by the anchor variant (the LOCOS release's window).
 ANCHOR_WINDOW = 8
 
 
-def headkv_n_steps(tokenizer: object, answer: str) -> int:
+def headkv_n_steps(tokenizer: object, answer: str, *, context: str | None = None,
+                   prefix: str = "") -> int:
     """How many tokens HeadKV decodes: the length of the gold answer tokenized without
-    special tokens (their ``enc.encode(answer, add_special_tokens=False)``)."""
-    return len(tokenizer.encode(answer, add_special_tokens=False))  # type: ignore[attr-defined]
+    special tokens.
+
+    Without ``context``, the answer on its own (the released code's
+    ``enc.encode(answer, add_special_tokens=False)``). With it, ``prefix + answer`` as
+    the tokenizer writes it right after ``context``
+    (:func:`~locos_tl.engine.continuation_tokens.continuation_token_ids`): the same
+    length on byte-level BPE (SmolLM2, Qwen, Llama-3) after a chat turn, but not on a
+    SentencePiece-style tokenizer that marks the start of a text (``▁Chiara`` on its
+    own, ``Chiara`` after ``"<|assistant|>\\n"``; the counts can differ), nor after a
+    completion template (``prefix=" "``: the model writes `` Chiara``).
+    """
+    if context is None:
+        return len(tokenizer.encode(answer, add_special_tokens=False))  # type: ignore[attr-defined]
+    return len(continuation_token_ids(tokenizer, [prefix + answer], context=context)[0])
 
 
 class HeadKV(Detector):
@@ -42,11 +57,13 @@ class HeadKV(Detector):
     Per trial: :func:`~locos_tl.detectors.attention.headkv_step` (probability per span
     token) summed over the first ``n`` generated steps, ``n`` = the gold answer's token
     count (their decode loop stops there; the greedy prefix of a longer decode is the
-    same, so it shares the LOCOS pass). Acceptance: token-level QA-F1 (LongBench
-    normalisation) of those ``n`` decoded tokens against the gold answer exceeds the
-    gate threshold (0.5; their ``qa_f1_score * 100 > 50``), no answer-step
-    requirement; a failing trial is dropped as ``"gate"``. Span: the answer part
-    (their ``find_needle_idx(real_needle)``). Head score: mean over accepted trials.
+    same, so it shares the LOCOS pass), counted as the model writes the answer after
+    the prompt (:func:`headkv_n_steps` with the outcome's ``context``). Acceptance:
+    token-level QA-F1 (LongBench normalisation) of those ``n`` decoded tokens against
+    the gold answer exceeds the gate threshold (0.5; their ``qa_f1_score * 100 > 50``),
+    no answer-step requirement; a failing trial is dropped as ``"gate"``. Span: the
+    answer part (their ``find_needle_idx(real_needle)``). Head score: mean over
+    accepted trials.
     """
 
     name = "headkv"
@@ -58,7 +75,8 @@ class HeadKV(Detector):
 
     def used_steps(self, outcome: TrialOutcome) -> list[int]:
         """The first ``n`` generated steps (after a thinking block, when there is one)."""
-        n = headkv_n_steps(outcome.tokenizer, outcome.answer)
+        n = headkv_n_steps(outcome.tokenizer, outcome.answer, context=outcome.context,
+                           prefix=outcome.answer_prefix)
         a = outcome.response_start
         return list(range(a, min(a + n, len(outcome.generated))))
 

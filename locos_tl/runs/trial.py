@@ -10,6 +10,7 @@ import torch
 
 from locos_tl.detectors import Detector, TrialOutcome
 from locos_tl.engine.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
+from locos_tl.engine.continuation_tokens import answer_prefix, trial_context
 from locos_tl.engine.decode import DecodeResult, DecodeStep, greedy_decode
 from locos_tl.engine.stops import StopRule
 from locos_tl.engine.unembed import AnswerDirections
@@ -128,6 +129,17 @@ def names_a_distractor(trial: Trial, response: str) -> bool:
     return any(isinstance(r, str) and r and r in text for r in rivals)
 
 
+def response_context(tokenizer: Any, trial: Trial, result: DecodeResult) -> str:
+    """The text the response's answer continues: the trial's prompt text
+    (:func:`~locos_tl.engine.continuation_tokens.trial_context`), then the thinking
+    block decoded (special tokens kept) when the response starts after one."""
+    text = trial_context(tokenizer, trial)
+    if result.response_start:
+        think = list(result.generated[: result.response_start])
+        text += str(tokenizer.decode(think, skip_special_tokens=False))
+    return text
+
+
 def trial_record(
     model: Any,
     trial: Trial,
@@ -163,6 +175,8 @@ def trial_record(
         generated=list(result.generated), response=result.text, answer=trial.answer,
         rouge1_recall=recall, answer_steps=list(steps), gate_threshold=gate_threshold,
         tokenizer=model.tokenizer, response_start=result.response_start,
+        context=response_context(model.tokenizer, trial, result),
+        answer_prefix=answer_prefix(trial),
     )
     dropped = _ANSWER_STEP_RULE.drop_reason(outcome)  # the trial-level accepted/dropped
     dropped_by = {d.name: d.drop_reason(outcome) for d in detectors}
