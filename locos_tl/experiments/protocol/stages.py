@@ -15,6 +15,8 @@ from locos_tl.experiments.protocol.common import (
     DETECTORS,
     EVAL_DEPTHS,
     EVAL_SEED,
+    OWN_PASS,
+    WU_NIAH,
     _baseline_only,
     _ints,
     _names,
@@ -30,11 +32,8 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     from locos_tl.data import (
         build_arithmetic_trials,
         build_niah_trials,
-        build_nolima_trials,
         build_parametric_trials,
-        expand_needle_set,
         load_haystacks,
-        load_needle_set,
         load_niah_probes,
     )
     from locos_tl.data.hub import load_tokenizer
@@ -46,17 +45,10 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     books, niah_file = resolve_data_dir(args.data_dir)  # None: the packaged copies
     detect_hay = load_haystacks([_detect_haystack(args, books)])
     eval_hay = load_haystacks([books / name for name in EVAL_BOOKS])
-    detect_entries = load_needle_set(needle_sets(args)[0])
-    form = prompt_form(args.template)  # chat models: chat template; base: completion
-    chat = form["chat_template"]
+    chat = prompt_form(args.template)["chat_template"]  # chat models; base: completion
     builder = PromptBuilder(tok)
-    kw = {"template": form["template"], "distractors": getattr(args, "distractors", 0)}
     for qtype in ("onehop", "direct"):
-        items = expand_needle_set(detect_entries, [qtype])
-        det = build_nolima_trials(
-            tok, [_names(i, 0) for i in items], detect_hay, lengths=[args.detect_length],
-            depths=DETECT_DEPTHS, num_examples=args.n_detect, chat_template=chat,
-            seed=DETECT_SEED, builder=builder, **kw)
+        det = detect_trials(tok, args, qtype, hay=detect_hay, builder=builder)
         util._save(det, out / "trials" / f"detect_{qtype}.jsonl")
         for length in _ints(args.eval_lengths):
             ev = eval_trials(tok, args, qtype, length, hay=eval_hay, builder=builder)
@@ -82,6 +74,48 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     if cal.exists() and json.loads(cal.read_text()) != prompts:
         (out / "means.safetensors").unlink(missing_ok=True)  # other prompts: recalibrate
     cal.write_text(json.dumps(prompts))
+
+
+def detect_trials(tok: Any, args: argparse.Namespace, qtype: str, *,
+                  hay: list | None = None, builder: Any = None) -> list:
+    """The detection trials of ``qtype``, ``trials/detect_{qtype}.jsonl`` of the
+    ``trials`` stage: ``--n-detect`` NoLiMa trials of ``--detect-needle-set`` at
+    ``--detect-length`` tokens on ``--detect-haystack`` (``--distractors`` other needles,
+    ``--template``'s form). Deterministic (fixed seed), so a clone rebuilds the trials
+    a published run scored (AtP, QRHead, CRI), content hashes included, from its
+    ``args.json`` alone.
+
+    Args:
+        tok: the model's tokenizer (:func:`locos_tl.data.hub.load_tokenizer`).
+        args: the run's options (``locos reproduce``'s namespace or its ``args.json``).
+        qtype: ``"onehop"`` or ``"direct"``.
+        hay: the detection haystack, when already loaded.
+        builder: a :class:`~locos_tl.data.prompt.PromptBuilder` of ``tok`` to reuse.
+
+    Returns:
+        The :class:`~locos_tl.trials.Trial` list.
+    """
+    from locos_tl.data import (
+        build_nolima_trials,
+        expand_needle_set,
+        load_haystacks,
+        load_needle_set,
+    )
+    from locos_tl.data.nolima import prompt_form
+    from locos_tl.data.packaged import resolve_data_dir
+    from locos_tl.data.prompt import PromptBuilder
+
+    if hay is None:
+        books, _ = resolve_data_dir(getattr(args, "data_dir", None))
+        hay = load_haystacks([_detect_haystack(args, books)])
+    form = prompt_form(args.template)
+    items = expand_needle_set(load_needle_set(needle_sets(args)[0]), [qtype])
+    return build_nolima_trials(
+        tok, [_names(i, 0) for i in items], hay, lengths=[args.detect_length],
+        depths=DETECT_DEPTHS, num_examples=args.n_detect,
+        chat_template=form["chat_template"], seed=DETECT_SEED,
+        builder=builder or PromptBuilder(tok), template=form["template"],
+        distractors=getattr(args, "distractors", 0))
 
 
 def eval_trials(tok: Any, args: argparse.Namespace, qtype: str, length: int, *,
@@ -195,20 +229,18 @@ def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                             max_new_tokens=args.niah_max_new_tokens,
                             batch_size=args.batch_size)
     res = dict(res)
-    res["wu_niah"] = wu_niah["wu"]
+    res[WU_NIAH] = wu_niah["wu"]
     extra = forward_methods(args.methods)
-    if extra:  # AtP and QRHead: their own forwards, records in detect/<method>/
+    if extra:  # AtP, QRHead: their own forwards, records in detect/<method>/
         res.update(score_methods(model, trials, methods=extra, out_dir=out / "detect",
                                  max_new_tokens=args.max_new_tokens))
     return res
 
 
 def forward_methods(methods: str) -> list[str]:
-    """The methods of ``--methods`` with their own forward passes (``atp``, ``qrhead``),
-    scored only when asked for."""
-    from locos_tl.detectors import FORWARD_METHODS
-
-    return [m for m in util._methods(methods) if m in FORWARD_METHODS]
+    """The methods of ``--methods`` with their own forward passes (:data:`OWN_PASS`:
+    ``atp``, ``qrhead``), scored only when asked for."""
+    return [m for m in util._methods(methods) if m in OWN_PASS]
 
 
 def load_rankings(out: Path) -> dict[str, Any]:
@@ -216,12 +248,11 @@ def load_rankings(out: Path) -> dict[str, Any]:
     ``detect/``, Wu on NIAH from ``detect_niah/``, and AtP and QRHead (scored only when
     ``--methods`` named them) from ``detect/<method>/``, else from the report's copy in
     ``heads/<method>/`` (what a published run holds)."""
-    from locos_tl.detectors import FORWARD_METHODS
     from locos_tl.runs.rundir import load_head_scores
 
     res = {m: load_head_scores(out / "detect", m) for m in DETECTORS}
-    res["wu_niah"] = load_head_scores(out / "detect_niah", "wu")
-    for m in FORWARD_METHODS:
+    res[WU_NIAH] = load_head_scores(out / "detect_niah", "wu")
+    for m in OWN_PASS:
         found = [d for d in (out / "detect" / m, out / "heads" / m)
                  if (d / "head_scores.json").exists()]
         if found:
