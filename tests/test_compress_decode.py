@@ -231,6 +231,37 @@ def test_learned_sinks_are_refused():
             compressed_attention(module, q, q, q, None, **kw)
 
 
+def test_importing_the_cache_registers_no_attention_until_the_first_twin(tiny_models):
+    """transformers' attention registry is global to the process: importing the module
+    leaves it alone; the first compression twin registers, once."""
+    import subprocess
+    import sys
+
+    probe = ("import locos_tl.experiments.compress as c, locos_tl.experiments.compress.cache"
+             " as m; from transformers import AttentionInterface as A; "
+             "print(m.ATTN_NAME in A(), m.ATTN_NAME in A._global_mapping)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         timeout=240)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
+
+    from transformers import AttentionInterface
+
+    from locos_tl.experiments.compress.cache import (
+        ATTN_NAME,
+        compressed_attention,
+        compression_twin,
+        register_attention,
+    )
+
+    twin = compression_twin(tiny_models("llama"))
+    assert twin.config._attn_implementation == ATTN_NAME
+    assert AttentionInterface()[ATTN_NAME] is compressed_attention
+    before = dict(AttentionInterface._global_mapping)
+    register_attention()  # idempotent: the registry is unchanged
+    assert AttentionInterface._global_mapping == before
+
+
 def test_kv_bytes_measured_equal_entries(tiny_models):
     model = tiny_models("llama")
     L, H, n_kv = n_heads_of(model)

@@ -6,7 +6,9 @@ layers (:class:`CompressedLayer`, a ``CacheLayerMixin``) hold, per kv group, the
 positions of those entries. New tokens (question, generated) are appended to every
 group. The attention over it is :func:`compressed_attention`, registered through
 transformers' ``AttentionInterface`` under :data:`ATTN_NAME` (the sanctioned extension
-point: no model code is forked): a loop over kv groups, each attending with its own
+point: no model code is forked) by :func:`register_attention`, at the first
+:func:`compression_twin` and once only: importing this module changes nothing in
+transformers' global registry. It is a loop over kv groups, each attending with its own
 keys; the causal and sliding-window rules are applied on the stored absolute positions,
 so RoPE (applied by the model from explicit ``position_ids``) keeps the original
 positions. Scaling and soft-capping come from the model's own kwargs; the softmax runs
@@ -336,13 +338,18 @@ def compressed_attention(
     return out, None
 
 
-def _register() -> None:
+def register_attention() -> None:
+    """Register :func:`compressed_attention` with transformers' ``AttentionInterface``
+    under :data:`ATTN_NAME` (a global registry of the process), if it is not there yet.
+
+    Idempotent; :func:`compression_twin` calls it before the twin takes the
+    implementation, so importing this module registers nothing.
+    """
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTN_NAME, compressed_attention)
+    if AttentionInterface().get(ATTN_NAME) is not compressed_attention:
+        AttentionInterface.register(ATTN_NAME, compressed_attention)
 
-
-_register()
 
 _TWINS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 
@@ -350,6 +357,7 @@ _TWINS: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
 def compression_twin(model: Any) -> Any:
     """The plain HF twin of ``model`` that runs :func:`compressed_attention` (cached
     per model; it shares the bridge's weight tensors, :func:`locos_tl.engine.twin.build_twin`).
+    The first call registers the attention with transformers (:func:`register_attention`).
 
     Raises:
         LocosError: learned attention sinks (GPT-OSS), or no twin can be built
@@ -364,6 +372,7 @@ def compression_twin(model: Any) -> Any:
         raise _sinks_error(f"{type(hf).__name__} ({sinks[0]}.sinks)")
     from locos_tl.engine.twin import build_twin
 
+    register_attention()
     try:
         twin = build_twin(model, attn_implementation="eager")
         twin.set_attn_implementation(ATTN_NAME)
