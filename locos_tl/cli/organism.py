@@ -30,7 +30,6 @@ def train_organism(
     Same as `python -m locos_tl.organisms.train` (or `python -m locos_tl.organisms.compiled`
     with --compiled).
     """
-    argv: list[str] = []
     if preset not in ("retrieval-2l", "retrieval-long"):
         typer.secho(f"error: unknown --preset {preset!r}; use retrieval-2l or retrieval-long",
                     err=True, fg=typer.colors.RED)
@@ -39,18 +38,19 @@ def train_organism(
         typer.secho("error: --compiled builds the compiled twin of retrieval-2l only",
                     err=True, fg=typer.colors.RED)
         raise typer.Exit(2)
-    if not compiled:
-        argv += ["--preset", preset]
+    if compiled:
+        from locos_tl.organisms.compiled import build_compiled_organism
+
+        typer.echo(build_compiled_organism(out, seed=0 if seed is None else seed,
+                                           card=not no_card))
+        return
+    argv = ["--preset", preset]
     if out is not None:
         argv += ["--out", str(out)]
     if seed is not None:
         argv += ["--seed", str(seed)]
     if no_card:
         argv.append("--no-card")
-    if compiled:
-        from locos_tl.organisms.compiled import main as build_main
-
-        raise typer.Exit(build_main(argv))
     from locos_tl.organisms.recipes import main
 
     if steps is not None:

@@ -209,12 +209,42 @@ def save_compiled(out_dir: str | Path, seed: int = 0) -> Path:
     return out
 
 
+def build_compiled_organism(out_dir: str | Path | None = None, seed: int = 0, *,
+                            card: bool = True, command: str | None = None) -> Path:
+    """Build the compiled organism into ``out_dir`` (default: the shipped
+    :data:`~locos_tl.organisms.COMPILED_ORGANISM`) and, with ``card``, establish its heads
+    causally and write ``MODEL_CARD.md`` (:mod:`locos_tl.organisms.card`).
+
+    Args:
+        out_dir: the output directory (created if missing).
+        seed: seed of the random filler embeddings and name content vectors.
+        card: write the model card and its detector section (a causal analysis: about a
+            minute on one CPU thread).
+        command: the command recorded in the card (default: the ``python -m`` form with
+            these arguments).
+
+    Returns:
+        The output directory.
+    """
+    from locos_tl.organisms import COMPILED_ORGANISM
+
+    out = save_compiled(COMPILED_ORGANISM if out_dir is None else out_dir, seed=seed)
+    if card:
+        from locos_tl.organisms.card import write_card, write_card_with_detectors
+
+        if command is None:
+            args = ([] if out_dir is None else ["--out", str(out_dir)]) + (
+                [] if seed == 0 else ["--seed", str(seed)])
+            command = " ".join(["python -m locos_tl.organisms.compiled", *args])
+        write_card(out, command=command)
+        write_card_with_detectors(out, command=command)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m locos_tl.organisms.compiled [--out DIR] [--seed N] [--no-card]``."""
     import argparse
     import sys
-
-    from locos_tl.organisms import COMPILED_ORGANISM
 
     ap = argparse.ArgumentParser(prog="python -m locos_tl.organisms.compiled",
                                  description="Build the hand-compiled organism.")
@@ -222,15 +252,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-card", action="store_true")
     a = ap.parse_args(argv)
-    out = save_compiled(a.out or COMPILED_ORGANISM, seed=a.seed)
-    if not a.no_card:
-        from locos_tl.organisms.card import write_card, write_card_with_detectors
-
-        args = sys.argv[1:] if argv is None else argv
-        cmd = ("python -m locos_tl.organisms.compiled " + " ".join(args)).strip()
-        write_card(out, command=cmd)
-        write_card_with_detectors(out, command=cmd)
-    print(out)  # noqa: T201
+    args = sys.argv[1:] if argv is None else argv
+    cmd = ("python -m locos_tl.organisms.compiled " + " ".join(args)).strip()
+    print(build_compiled_organism(a.out, seed=a.seed, card=not a.no_card,  # noqa: T201
+                                  command=cmd))
     return 0
 
 

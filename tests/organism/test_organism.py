@@ -189,14 +189,20 @@ COMPILED = Path(COMPILED_ORGANISM)
 
 @pytest.mark.skipif(not (COMPILED / "config.json").exists(), reason="compiled organism missing")
 def test_compiled_twin_rebuilds_identically_and_works(tmp_path):
-    """The hand-compiled twin is rebuilt bit-identically and solves both tasks."""
+    """The hand-compiled twin is rebuilt bit-identically (by `locos train-organism
+    --compiled`) and solves both tasks."""
     from safetensors.torch import load_file
+    from typer.testing import CliRunner
 
-    from locos_tl.organisms.compiled import save_compiled
+    from locos_tl.cli import app
 
     log = json.loads((COMPILED / "train_log.json").read_text())
     assert log["kind"] == "compiled"
-    new = load_file(str(save_compiled(tmp_path / "org", seed=log["seed"]) / "model.safetensors"))
+    res = CliRunner().invoke(app, ["train-organism", "--compiled", "--no-card", "--out",
+                                   str(tmp_path / "org"), "--seed", str(log["seed"])])
+    assert res.exit_code == 0, res.output
+    assert res.stdout.strip() == str(tmp_path / "org")
+    new = load_file(str(tmp_path / "org" / "model.safetensors"))
     old = load_file(str(COMPILED / "model.safetensors"))
     assert new.keys() == old.keys()
     for k in old:
