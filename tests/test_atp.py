@@ -115,9 +115,9 @@ def test_atp_on_generated_answer_matches_the_autograd_oracle(qwen3, own_answer_t
     rec = atp_trial(qwen3, t, max_new_tokens=8)
     assert rec["accepted"]
     atp = torch.tensor(rec["scores"]["atp"], dtype=torch.float64)
-    from locos_tl.experiments.patching import _answer_target
+    from locos_tl.experiments.clean_corrupted import answer_target
 
-    prefix, _ = _answer_target(qwen3, t, "generated", 8)
+    prefix, _ = answer_target(qwen3, t, "generated", 8)
     assert rec["prefix_len"] == len(prefix)
     clean = torch.tensor([list(t.tokens) + prefix])
     corr = torch.tensor([corrupt_tokens(qwen3.tokenizer, t, "filler") + prefix])

@@ -16,7 +16,8 @@ from tolerances import assert_close_within, model_tol
 
 from locos_tl.engine.ablation import ABLATION_MODES, ablate, calibrate_means, shared_q_norm
 from locos_tl.engine.decode import greedy_decode
-from locos_tl.experiments.patching import _last_logits, head_patch_hook
+from locos_tl.experiments.clean_corrupted import last_logits
+from locos_tl.experiments.patching import head_patch_hook
 from locos_tl.models.tiny import ARCHS
 
 TOKENS = torch.tensor([[5 + (7 * i) % 300 for i in range(24)]])
@@ -191,7 +192,7 @@ def test_patching_changes_only_the_patched_head(arch, layer) -> None:
         hooks = [(f"blocks.{layer}.attn.hook_z",
                   head_patch_hook(clean[layer], pairs, state, offset=0))] if patch else []
         hooks += [(f"blocks.{l}.attn.hook_z", keep) for l in range(int(model.cfg.n_layers))]
-        _last_logits(model, ids, chunk_size=7, fwd_hooks=hooks, state=state)
+        last_logits(model, ids, chunk_size=7, fwd_hooks=hooks, state=state)
         return {l: torch.cat(parts, dim=1) for l, parts in got.items()}  # [batch, pos, H, d]
 
     corr, z = run(patch=False), run(patch=True)  # same batch and chunks: same numerics

@@ -52,23 +52,24 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from locos_tl.engine.forward import _new_cache
 from locos_tl.engine.interventions import intervene
 from locos_tl.engine.recompute import checkpointed_layers, frozen_cache
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import warn_caller
-from locos_tl.experiments.methods import check_trials
-from locos_tl.experiments.patching import (
+from locos_tl.experiments.clean_corrupted import (
+    clean_corrupted_pair,
+    clean_run,
+    copy_cache,
+    logit_diff,
+)
+from locos_tl.experiments.corruption import (
     CORRUPTIONS,
     DEFAULT_FILLER,
     DEFAULT_SWAP_NAMES,
     AnswerPosition,
     Corruption,
-    _copy_cache,
-    _last_logits,
-    _logit_diff,
-    clean_corrupted_pair,
 )
+from locos_tl.experiments.methods import check_trials
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.provenance import provenance
@@ -151,7 +152,7 @@ def _grad_run(
         masked = last.detach().float().clone()
         masked[gold] = float("-inf")
         cf = int(masked.argmax())
-        m = _logit_diff(last, gold, cf)
+        m = logit_diff(last, gold, cf)
         torch.autograd.grad(m, [leaves[l] for l in range(n_layers)])
     return m.detach(), cf, torch.stack([scores[l] for l in range(n_layers)]).cpu()
 
@@ -190,24 +191,14 @@ def atp_trial(
     if pair is None:
         return record
     prefix, golds, clean, corr, shared = pair
-    prefix_cache = _new_cache(model)
-    if shared > 0:  # identical in both runs (causal): once, and z there differs by 0
-        _last_logits(model, clean[:, :shared], chunk_size=chunk_size, cache=prefix_cache)
-
-    z_clean: dict[int, list[Tensor]] = {}
-
-    def keep_z(x: Tensor, hook: Any) -> None:  # positions [shared, P) of the clean run
-        z_clean.setdefault(int(hook.name.split(".")[1]), []).append(x[0].detach())
-
-    clean_logits = _last_logits(
-        model, clean, chunk_size=chunk_size, start=shared, cache=_copy_cache(prefix_cache),
-        fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep_z) for l in range(L)])[0]
-    gold = max(sorted(golds), key=lambda t: float(clean_logits[t]))
-    m, cf, atp = _grad_run(model, corr, start=shared, cache=_copy_cache(prefix_cache),
+    # the prefix before the first corrupted token runs once (its z differs by 0)
+    prefix_cache, z_clean, clean_logits, gold = clean_run(
+        model, clean, golds, shared=shared, chunk_size=chunk_size)
+    m, cf, atp = _grad_run(model, corr, start=shared, cache=copy_cache(prefix_cache),
                            n_layers=L, gold=gold, z_clean=z_clean)  # [n_layers, n_heads]
     record.update({
         "accepted": True, "gold": gold, "counterfactual": cf, "prefix_len": len(prefix),
-        "metric_clean": float(_logit_diff(clean_logits, gold, cf)),
+        "metric_clean": float(logit_diff(clean_logits, gold, cf)),
         "metric_corrupted": float(m), "scores": {"atp": atp.tolist()},
         "n_forwards": 2, "n_backwards": 1, "shared_prefix": shared,
     })

@@ -18,36 +18,38 @@ every run and so are their activations (causal attention): their KV cache is com
 once and every run starts at the needle, which removes the share of the compute the
 prefix would take (about half at a 50 % needle depth). Long prompts run in query chunks
 with a KV cache (the bridge's eager attention holds ``batch x n_heads x chunk x N``
-scores per layer).
+scores per layer). The clean/corrupted pair, the clean run and the metric are AtP's too
+(:mod:`locos_tl.experiments.clean_corrupted`).
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, get_args
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from locos_tl.engine.answers import answer_steps, answer_token_variants
-from locos_tl.engine.decode import DecodeStep, greedy_decode
-from locos_tl.engine.forward import _new_cache
-from locos_tl.engine.interventions import intervene
 from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, keep_resid_pre, start_at_layer
-from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import warn_caller
+from locos_tl.experiments.clean_corrupted import (
+    clean_corrupted_pair,
+    clean_run,
+    copy_cache,
+    last_logits,
+    logit_diff,
+)
 from locos_tl.experiments.corruption import (  # re-exported: the names stay importable here
     CORRUPTIONS,
     DEFAULT_FILLER,
     DEFAULT_SWAP_NAMES,
     AnswerPosition,
     Corruption,
-    corrupt_tokens,
+    corrupt_tokens,  # noqa: F401  (locos_tl.corrupt_tokens is read here)
 )
 from locos_tl.experiments.methods import check_trials
 from locos_tl.head_spec import as_int
@@ -66,84 +68,6 @@ def default_batch_size(device: torch.device | str) -> int:
     saves calls but not FLOPs and its larger attention tensors made it slower (see
     ``benchmarks/bench_methods.py``)."""
     return 16 if torch.device(device).type == "cuda" else 1
-
-
-@torch.no_grad()
-def _last_logits(
-    model: Any,
-    ids: Int[Tensor, "batch pos"],
-    *,
-    chunk_size: int,
-    start: int = 0,
-    cache: Any = None,
-    fwd_hooks: Sequence[tuple[str, Callable]] = (),
-    state: dict[str, int] | None = None,
-) -> Float[Tensor, "batch d_vocab"]:
-    """Run ``ids[:, start:]`` in query chunks on top of ``cache`` (which must hold
-    positions ``[0, start)``; a fresh cache by default) and return the last position's
-    logits. ``fwd_hooks`` are registered interventions
-    (:func:`locos_tl.engine.interventions.intervene`): the forwards run on the SDPA twin with
-    the same hooks as module hooks when it reproduces everything attached, else through
-    the bridge. ``state["start"]`` holds each chunk's first absolute position, for
-    position-aware hooks."""
-    cache = _new_cache(model) if cache is None else cache
-    logits = None
-    with intervene(model, list(fwd_hooks)) as engine:  # the twin runs the same hooks
-        twin = sdpa_twin(model) if engine == "twin" else None
-        for i in range(start, ids.shape[1], chunk_size):
-            if state is not None:
-                state["start"] = i
-            chunk = ids[:, i : i + chunk_size]
-            if twin is not None:
-                logits = twin(chunk, past_key_values=cache, use_cache=True,
-                              logits_to_keep=1).logits
-            else:
-                logits = model(chunk, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    if logits is None:
-        raise ValueError(f"nothing to run: start={start} >= {ids.shape[1]} positions")
-    return logits[:, -1].float()
-
-
-def _copy_cache(cache: Any, batch: int = 1) -> Any:
-    """An independent copy of a KV cache, repeated ``batch`` times along the batch axis."""
-    out = copy.deepcopy(cache)
-    if batch > 1:
-        out.batch_repeat_interleave(batch)
-    return out
-
-
-class _AnswerFound(Exception):
-    """Raised from a decode callback to stop once the answer's first token is known."""
-
-
-def _answer_target(
-    model: Any, trial: Trial, answer_position: AnswerPosition, max_new_tokens: int
-) -> tuple[list[int], set[int]] | None:
-    """``(prefix, gold candidates)``: the tokens between the prompt and the first answer
-    token, and that token (``"generated"``; None when the response never contains the
-    answer) or the first tokens of the answer's tokenizations (``"prompt_end"``; the one
-    the clean run prefers is used)."""
-    if answer_position == "prompt_end":
-        return [], {v[0] for v in answer_token_variants(model.tokenizer, trial.answer)}
-    generated: list[int] = []
-    longest = max(len(v) for v in answer_token_variants(model.tokenizer, trial.answer))
-
-    def stop_when_found(step: DecodeStep) -> None:
-        generated.append(step.token)
-        found = answer_steps(model.tokenizer, generated, trial.answer)
-        if found and len(generated) >= found[0] + longest:  # no earlier match can appear
-            raise _AnswerFound
-
-    try:
-        res = greedy_decode(model, trial.tokens, max_new_tokens=max_new_tokens,
-                            on_step=stop_when_found)
-        generated = res.generated
-    except _AnswerFound:
-        pass
-    steps = answer_steps(model.tokenizer, generated, trial.answer)
-    if not steps:
-        return None
-    return generated[: steps[0]], {generated[steps[0]]}
 
 
 def head_patch_hook(
@@ -182,37 +106,6 @@ def head_patch_hook(
         return x
 
     return patch
-
-
-def _logit_diff(logits: Tensor, gold: int, cf: int) -> Tensor:
-    return logits[..., gold] - logits[..., cf]
-
-
-@torch.no_grad()
-def clean_corrupted_pair(
-    model: Any, trial: Trial, corruption: Corruption, *, answer_position: AnswerPosition,
-    max_new_tokens: int, filler: str | Sequence[int], swap_names: Sequence[str],
-) -> tuple[dict[str, Any], tuple[list[int], Any, Tensor, Tensor, int] | None]:
-    """A trial's clean and corrupted runs, as CRI and AtP take them: ``(record, pair)``,
-    the record skeleton and ``(prefix, golds, clean, corrupted, shared)`` (answer prefix,
-    gold ids, two ``[1, P]`` token tensors, length of their shared prefix, at most
-    ``P - 1``); ``pair`` is None when no answer was found (``dropped: no_answer_step``).
-    Raises ValueError, TrialError: see :func:`corrupt_tokens`."""
-    device = next(model.original_model.parameters()).device
-    record: dict[str, Any] = {"trial_id": trial.trial_id, "accepted": False, "dropped": None,
-                              "scores": {}, "meta": trial.meta}
-    corrupted = corrupt_tokens(model.tokenizer, trial, corruption, filler=filler,
-                               swap_names=swap_names)
-    target = _answer_target(model, trial, answer_position, max_new_tokens)
-    if target is None:
-        record["dropped"] = "no_answer_step"
-        return record, None
-    prefix, golds = target
-    clean = torch.tensor([list(trial.tokens) + prefix], device=device)
-    corr = torch.tensor([corrupted + prefix], device=device)
-    diff = (clean != corr)[0].nonzero()
-    shared = min(int(diff[0]) if diff.numel() else clean.shape[1], clean.shape[1] - 1)
-    return record, (prefix, golds, clean, corr, shared)
 
 
 def cri_trial(
@@ -258,32 +151,21 @@ def cri_trial(
     # attention): compute their KV cache once and run only the rest, clean, corrupted and
     # patched alike.
     shared = shared if share_prefix else 0
-    prefix_cache = _new_cache(model)
-    if shared > 0:
-        _last_logits(model, clean[:, :shared], chunk_size=chunk_size, cache=prefix_cache)
-
-    z_clean: dict[int, list[Tensor]] = {}
-
-    def keep_z(x: Tensor, hook: Any) -> None:  # positions [shared, P) of the clean run
-        z_clean.setdefault(int(hook.name.split(".")[1]), []).append(x[0].detach())
-
-    clean_logits = _last_logits(
-        model, clean, chunk_size=chunk_size, start=shared, cache=_copy_cache(prefix_cache),
-        fwd_hooks=[(f"blocks.{l}.attn.hook_z", keep_z) for l in range(L)])
+    prefix_cache, z_clean, clean_logits, gold = clean_run(
+        model, clean, golds, shared=shared, chunk_size=chunk_size)
     z = {l: torch.cat(parts) for l, parts in z_clean.items()}  # [pos - shared, H, d_head]
-    gold = max(sorted(golds), key=lambda t: float(clean_logits[0, t]))
     # patching a head of layer l leaves the corrupted run's layers below l as they were:
     # keep its resid_pre (positions [shared, P), one query chunk) to start from layer l
     n_run = corr.shape[1] - shared
     reuse = reuse_prefix and n_run <= chunk_size
     with keep_resid_pre(model, range(1, L) if reuse else (), n_run,
                         max_bytes=prefix_bytes) as resid:
-        corr_logits = _last_logits(model, corr, chunk_size=chunk_size, start=shared,
-                                   cache=_copy_cache(prefix_cache))[0]
+        corr_logits = last_logits(model, corr, chunk_size=chunk_size, start=shared,
+                                   cache=copy_cache(prefix_cache))[0]
     masked = corr_logits.clone()
     masked[gold] = float("-inf")
     cf = int(masked.argmax())
-    m_corr = float(_logit_diff(corr_logits, gold, cf))
+    m_corr = float(logit_diff(corr_logits, gold, cf))
 
     heads = [(l, h) for l in range(L) for h in range(H)]
     cri = torch.zeros(L, H, dtype=torch.float64)
@@ -300,16 +182,16 @@ def cri_trial(
         ids = corr.expand(len(batch), -1).contiguous()  # batch axis = patched heads
         low = min(by_layer)
         with (start_at_layer(model, low, resid[low]) if low in resid else nullcontext()):
-            logits = _last_logits(model, ids, chunk_size=chunk_size, start=shared,
-                                  cache=_copy_cache(prefix_cache, len(batch)),
+            logits = last_logits(model, ids, chunk_size=chunk_size, start=shared,
+                                  cache=copy_cache(prefix_cache, len(batch)),
                                   fwd_hooks=hooks, state=state)
         n_forwards += 1
-        m = _logit_diff(logits, gold, cf) - m_corr
+        m = logit_diff(logits, gold, cf) - m_corr
         for i, (l, h) in enumerate(batch):
             cri[l, h] = float(m[i])
     record.update({
         "accepted": True, "gold": gold, "counterfactual": cf, "prefix_len": len(prefix),
-        "metric_clean": float(_logit_diff(clean_logits[0], gold, cf)),
+        "metric_clean": float(logit_diff(clean_logits, gold, cf)),
         "metric_corrupted": m_corr, "scores": {"cri": cri.tolist()},
         "n_forwards": n_forwards, "shared_prefix": shared,
     })
