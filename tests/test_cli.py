@@ -58,3 +58,21 @@ def test_score_text_records_and_errors(tiny_dirs, tmp_path):
     bad = runner.invoke(app, ["score", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials),
                               "--out", str(tmp_path / "r2")])
     assert bad.exit_code == 2 and "not found in the prompt" in bad.output
+
+
+def test_method_choices_and_help_are_the_registry(tmp_path):
+    """``locos score --method`` accepts exactly the registry's names, lists them when it
+    refuses one, and its help names each (decode pass, then own passes)."""
+    from locos_tl.cli._common import method_choices
+    from locos_tl.experiments.methods import METHODS
+
+    assert method_choices() == tuple(METHODS)
+    trials = tmp_path / "t.jsonl"
+    trials.write_text(json.dumps({"prompt": "abc", "needle": "b", "answer": "b"}) + "\n")
+    bad = runner.invoke(app, ["score", "--model", str(tmp_path / "m"), "--trials", str(trials),
+                              "--out", str(tmp_path / "run"), "--method", "locos,nope"])
+    assert bad.exit_code == 2
+    assert f"'nope' is not one of {', '.join(METHODS)}" in " ".join(bad.output.split())
+    shown = " ".join(runner.invoke(app, ["score", "--help"]).output.split())
+    assert ("locos, wu, attention_spatial, headkv, headkv_anchor, dla share one decode pass; "
+            "atp, qrhead, cri run their own forward passes") in shown

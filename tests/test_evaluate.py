@@ -208,6 +208,31 @@ def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> 
         load_evaluation(tmp_path / "empty", trials)
 
 
+def test_a_cell_under_an_old_method_name_is_read_under_the_registered_one(planted,
+                                                                         tmp_path) -> None:
+    """The published runs call Wu's ranking ``wu_nolima`` in ``jobs.json``: read back,
+    its cells are ``wu``'s, and a sweep of ``wu`` over that directory reuses their
+    generations and writes the registered name."""
+    from locos_tl.experiments.run_table import load_evaluation, read_jobs
+
+    model, trials = planted
+    run = tmp_path / "run"
+    kw = dict(mode="output_zero", random=False, bottom=None, max_new_tokens=2,
+              progress=False, out_dir=run)
+    first = evaluate(model, trials, {"wu": [PLANTED, (0, 0)]}, k=(1,), **kw)
+    path = run / "jobs.json"
+    path.write_text(path.read_text().replace('"wu"', '"wu_nolima"'))  # as published
+    assert '"wu_nolima"' in path.read_text()
+    assert [(j["method"], j["k"]) for j in read_jobs(run)] == [(BASELINE, 0), ("wu", 1)]
+    cols = ["method", "k", "seed", "metric", "value", "n_trials"]
+    pd.testing.assert_frame_equal(load_evaluation(run, trials), first[cols])
+    seen = []
+    evaluate(model, trials, {"wu": [PLANTED, (0, 0)]}, k=(1,), **kw,
+             on_resume=lambda n, total: seen.append((n, total)))
+    assert seen == [(2 * len(trials), 2 * len(trials))]  # every generation reused
+    assert '"wu_nolima"' not in path.read_text() and '"wu"' in path.read_text()
+
+
 def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
         planted, tmp_path) -> None:
     """A ranking scored anew drops the earlier cells it contradicts (warned), never mixes

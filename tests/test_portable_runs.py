@@ -253,14 +253,26 @@ def _published_eval_trials(run: Path) -> list:
     return trials
 
 
-def _rebuilt_cells(sweep: Path, table: str, trials: list):
-    """The published cells of ``sweep/table`` beside the ones its records give now."""
+def _published_table(path: Path):
+    """A published table with each method under its registered name (the published runs
+    call Wu's ranking ``wu_nolima``: :data:`locos_tl.experiments.methods.OLD_NAMES`)."""
     import pandas as pd
 
+    from locos_tl.experiments.methods import current_name
+
+    table = pd.read_csv(path)
+    for col in ("method", "against"):
+        if col in table:
+            table[col] = table[col].map(current_name)
+    return table
+
+
+def _rebuilt_cells(sweep: Path, table: str, trials: list):
+    """The published cells of ``sweep/table`` beside the ones its records give now."""
     import locos_tl as lt
 
     got = lt.load_evaluation(sweep / "ablate", trials)
-    want = pd.read_csv(sweep / table)
+    want = _published_table(sweep / table)
     cells = ["method", "k", "seed"]
     both = want.merge(got, on=[*cells, "metric"], suffixes=("", "_got"))
     assert set(got["metric"]) >= {"contains", "rougeL", "name_margin"}
@@ -278,7 +290,7 @@ def _check_paired(sweep: Path, trials: list) -> int:
     import locos_tl as lt
 
     records = lt.load_evaluation(sweep / "ablate", trials, per_trial=True)
-    paired = pd.read_csv(sweep / "paired.csv")
+    paired = _published_table(sweep / "paired.csv")
     for row in paired.itertuples():
         again = lt.paired_tests(records, row.method, row.against, k=row.k).iloc[0]
         for col in ("contains", "contains_against", "n_only_a", "n_only_b", "p_mcnemar",

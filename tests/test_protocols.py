@@ -382,6 +382,36 @@ def test_every_registered_detector_declares_a_protocol():
         assert cls.__doc__ and "arXiv" in cls.__doc__
 
 
+def test_the_registry_declares_each_method_as_it_runs():
+    """Each decode-pass entry of the registry is a detector of ``DETECTORS`` with the span
+    that detector reads; each own-pass entry is its function, taking every option the
+    registry says ``score_methods`` hands it."""
+    import inspect
+
+    from locos_tl.detectors import SPAN_NAMES
+    from locos_tl.experiments.atp import atp_heads
+    from locos_tl.experiments.methods import METHODS, SPANS, method_names
+    from locos_tl.experiments.patching import patch_heads
+    from locos_tl.experiments.qrhead import qrhead_heads
+
+    assert SPANS == SPAN_NAMES
+    assert set(method_names("decode_pass")) == set(DETECTORS)
+    for name in method_names("decode_pass"):
+        m = METHODS[name]
+        assert m.detector_class() is DETECTORS[name]
+        assert m.default_span == DETECTORS[name].span and m.spans == SPAN_NAMES
+    assert METHODS["headkv_anchor"].variant_of == "headkv"
+    functions = {"atp": atp_heads, "qrhead": qrhead_heads, "cri": patch_heads}
+    assert method_names("own_passes") == tuple(functions)
+    for name, fn in functions.items():
+        m = METHODS[name]
+        assert m.function() is fn
+        taken = set(inspect.signature(fn).parameters)
+        assert set(m.options) <= taken and (not m.spans or "span" in taken), name
+    with pytest.raises(TypeError, match="rides the shared decode pass"):
+        METHODS["locos"].function()
+
+
 def test_run_trial_hands_each_method_its_span(qwen3, scored_niah, monkeypatch):
     """Spy on the span every detector receives (the Wu copy score of a random-init
     model is 0 on either span, so its value alone cannot tell the spans apart)."""

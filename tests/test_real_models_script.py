@@ -124,8 +124,9 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     assert script.job_keys(args, {"locos": ranking}, 30, 9) == {("baseline", 0, 0): "none"}
     full = script.parse_args(argv[:-2] + ["--methods", "locos"])
     assert len(script.job_keys(full, {"locos": ranking}, 30, 9)) == 1 + 5 * (1 + 3 + 1)
-    with pytest.raises(SystemExit, match="unknown --methods entry 'wu'"):
-        script.rankings_for_ablation({"locos": ranking}, "locos,wu")
+    with pytest.raises(SystemExit, match="unknown --methods entry 'wu_nolima'") as exc:
+        script.rankings_for_ablation({"locos": ranking}, "locos,wu_nolima")  # the old name
+    assert f"choose from {', '.join(script.RANKINGS)}, or 'baseline'" in str(exc.value)
     # a ranking that accepted no detection trial (a model that rarely answers) is left
     # out; without LOCOS there is no bottom-k control, and with nothing ranked only the
     # baseline runs (no error)
@@ -524,6 +525,26 @@ def test_one_needle_set_by_default_and_sizes_as_before(script, tmp_path, monkeyp
         assert set(sizes) == set(script.TRIAL_OPTIONS)
     only_eval = script._trial_sizes(script.parse_args(["--eval-needle-set", "hop_eval"]))
     assert only_eval["eval_needle_set"] == "hop_eval" and "detect_needle_set" not in only_eval
+
+
+def test_the_protocol_reads_its_rankings_from_the_registry(script) -> None:
+    """The detect stage scores the registry's decode-pass methods but its variant
+    (``headkv_anchor``): the five the published ``detect/`` records hold; ``--methods``
+    takes each ranking by its registry name (Wu on NoLiMa is ``wu``), Wu on NIAH, and the
+    own-pass methods but CRI (the patch stage's); every preset's rankings are among them."""
+    import locos_tl as lt
+
+    assert script.DETECTORS == ("locos", "wu", "attention_spatial", "headkv", "dla")
+    assert script.OWN_PASS == ("atp", "qrhead") and script.PATCH_METHOD == "cri"
+    assert script.RANKINGS == (*script.DETECTORS, "wu_niah", "atp", "qrhead")
+    scores = {m: lt.HeadScores(method=m, trial_scores=torch.rand(2, 3, 4))
+              for m in script.RANKINGS}
+    for preset in script.PRESETS.values():
+        names = preset["methods"].split(",")
+        assert list(script.rankings_for_ablation(scores, preset["methods"])) == names
+        assert "wu" in names and "wu_niah" in names
+    with pytest.raises(SystemExit, match="unknown --methods entry 'cri'"):
+        script.rankings_for_ablation(scores, "locos,cri")
 
 
 def test_forward_methods_are_scored_and_ablated_only_when_asked(script, tmp_path,

@@ -176,3 +176,50 @@ def test_resume_refuses_another_dtype(qwen3, tiny_dirs, own_answer_trials, tmp_p
     with pytest.raises(LocosError, match="dtype: 'float32' != 'bfloat16'"):
         score_trials(bf16, own_answer_trials[:1], max_new_tokens=8, out_dir=tmp_path,
                      progress=False)
+
+
+def test_every_registered_method_is_reached_by_score_trials(qwen3, own_answer_trials):
+    """``score_trials(method=name)`` scores every method of the registry: an own-pass
+    method gives its function's scores bit for bit (the same code on the same inputs:
+    ``atp_heads``, ``qrhead_heads``, ``patch_heads``), a decode-pass method the scores
+    of the one decode pass that all of them share (within float32 summation order: 30
+    prompt and 8 new tokens, phi read off the residual stream and summed over positions,
+    as in :func:`test_locos_equals_independent_recomputation`)."""
+    from locos_tl.experiments.atp import atp_heads
+    from locos_tl.experiments.methods import METHODS
+    from locos_tl.experiments.patching import patch_heads
+    from locos_tl.experiments.qrhead import qrhead_heads
+
+    asked = [Trial(tokens=t.tokens, needle_span=t.needle_span, answer=t.answer,
+                   meta={"question_span": [20, 24]}) for t in own_answer_trials]
+    kw = dict(max_new_tokens=8, progress=False)
+    direct = {"atp": atp_heads(qwen3, asked, **kw), "cri": patch_heads(qwen3, asked, **kw),
+              "qrhead": qrhead_heads(qwen3, asked, progress=False)}
+    shared = score_methods(qwen3, asked, methods=[m for m in METHODS
+                                                  if METHODS[m].decode_pass], **kw)
+    assert set(direct) | set(shared) == set(METHODS)
+    assert direct["cri"].n_trials == direct["atp"].n_trials == 3  # every trial answered
+    for name in METHODS:
+        hs = score_trials(qwen3, asked, method=name, **kw)
+        assert hs.method == name
+        if name in direct:
+            torch.testing.assert_close(hs.trial_scores, direct[name].trial_scores, rtol=0,
+                                       atol=0)
+        else:  # the same decode; LOCOS and DLA sum phi in another order beside others
+            tol = model_tol(qwen3, shared[name].scores, n_tokens=38, reads=5)
+            assert_close_within(hs.scores, shared[name].scores, tol, name)
+    with pytest.raises(ValueError, match=r"^cri reads no span \(got spans=\{'cri': 'needle'"):
+        score_trials(qwen3, asked, method="cri", spans={"cri": "needle"}, **kw)
+
+
+def test_an_unknown_method_is_refused_with_the_registered_names(qwen3, trials):
+    from locos_tl.experiments.methods import METHODS
+
+    for call in (lambda: score_trials(qwen3, trials, method="nope"),
+                 lambda: score_methods(qwen3, trials, methods=["locos", "atp", "nope"])):
+        with pytest.raises(ValueError) as err:
+            call()
+        assert str(err.value) == ("unknown method 'nope'; use one of locos, wu, "
+                                  "attention_spatial, headkv, headkv_anchor, dla, atp, "
+                                  "qrhead, cri")
+    assert len(METHODS) == 9

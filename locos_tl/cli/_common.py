@@ -44,20 +44,36 @@ def check_choice(value: str, allowed: Iterable[str], option: str) -> str:
     return value
 
 
+def method_choices() -> tuple[str, ...]:
+    """The names ``--method`` accepts: the registry's
+    (:data:`locos_tl.experiments.methods.METHODS`, which imports no torch), in its order."""
+    from locos_tl.experiments.methods import method_names
+
+    return method_names()
+
+
+def method_help() -> str:
+    """``locos score --method``'s help, from the registry: the shared decode pass's
+    methods and those with their own forward passes."""
+    from locos_tl.experiments.methods import method_names
+
+    return (f"Comma-separated methods: {', '.join(method_names('decode_pass'))} share one "
+            f"decode pass; {', '.join(method_names('own_passes'))} run their own forward "
+            "passes, into OUT/<method>/.")
+
+
 def check_methods(text: str, option: str = "--method") -> list[str]:
-    """Comma-separated method names (``"locos,wu"``), each a registered detector or one
-    of :data:`~locos_tl.detectors.FORWARD_METHODS` (``atp``, ``qrhead``).
+    """Comma-separated method names (``"locos,wu"``), each one of :func:`method_choices`.
 
     Raises:
-        typer.BadParameter: no name, or an unknown one (the message lists the known ones).
+        typer.BadParameter: no name, or an unknown one (the message lists the registered
+            ones).
     """
-    from locos_tl.detectors import DETECTORS, FORWARD_METHODS
-
     names = [m.strip() for m in text.split(",") if m.strip()]
     if not names:
         raise typer.BadParameter("no method given", param_hint=f"'{option}'")
     for m in names:
-        check_choice(m, sorted([*DETECTORS, *FORWARD_METHODS]), option)
+        check_choice(m, method_choices(), option)
     return names
 
 

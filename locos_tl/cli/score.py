@@ -17,6 +17,7 @@ from locos_tl.cli._common import (
     check_out_dir,
     check_run_dir,
     fail,
+    method_help,
     model_key,
     note_resume,
     read_trials_early,
@@ -182,10 +183,7 @@ def score(
                                          exists=True, dir_okay=False)],
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
     variant: Annotated[str, typer.Option(help="raw (paper) or exact (norms frozen).")] = "raw",
-    method: Annotated[str, typer.Option(help="Comma-separated methods: locos, wu, headkv, "
-                                             "headkv_anchor, attention_spatial, dla; atp "
-                                             "(attribution patching) and qrhead run their "
-                                             "own forwards, into OUT/<method>/.")] = "locos",
+    method: Annotated[str, typer.Option(help=method_help())] = "locos",
     max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 50,
     stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
                                                 "bare newline token stops) or "
@@ -216,10 +214,10 @@ def score(
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
     import warnings
 
-    from locos_tl.detectors import FORWARD_METHODS
     from locos_tl.engine.answers import GATE_THRESHOLD
     from locos_tl.engine.stops import STOP_RULES
     from locos_tl.engine.unembed import VARIANTS
+    from locos_tl.experiments.methods import method_names
     from locos_tl.models.load import resolve_dtype
     from locos_tl.runs.runner import RESUME_KEYS
 
@@ -228,7 +226,7 @@ def score(
     check_choice(variant, VARIANTS, "--variant")
     check_choice(stop_rule, STOP_RULES, "--stop-rule")
     requested = check_methods(method)
-    own = [m for m in requested if m in FORWARD_METHODS]
+    own = [m for m in requested if m in method_names("own_passes")]
     if own and (workers > 1 or ray_address is not None):
         raise typer.BadParameter(f"{', '.join(own)} run in this process only: use "
                                  "--workers 1 (score them in a run of their own)",

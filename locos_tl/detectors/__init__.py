@@ -1,4 +1,9 @@
-"""Head detectors: accumulators fed by one stream of decoding steps."""
+"""Head detectors: accumulators fed by one stream of decoding steps.
+
+:data:`DETECTORS` holds the decode-pass methods' detector classes; the registry of every
+head-scoring method, those with their own forward passes included (``atp``, ``qrhead``,
+``cri``), is :data:`locos_tl.experiments.methods.METHODS`.
+"""
 
 from __future__ import annotations
 
@@ -16,13 +21,6 @@ DETECTORS: dict[str, type[Detector]] = {
     "dla": DLA,
 }
 
-#: Methods that run their own forward passes per trial instead of reading the shared
-#: decode pass: attribution patching (:mod:`locos_tl.experiments.atp`) and QRHead
-#: (:mod:`locos_tl.experiments.qrhead`). ``score_methods`` scores them beside the
-#: detectors; a run directory keeps each one's records in its own folder ``D/<method>/``.
-FORWARD_METHODS: tuple[str, ...] = ("atp", "qrhead")
-
-
 def get_detector(name: str, span: str | None = None) -> Detector:
     """Instantiate the detector registered as ``name``.
 
@@ -31,18 +29,19 @@ def get_detector(name: str, span: str | None = None) -> Detector:
         span: read this trial span instead of the method's published default.
 
     Raises:
-        ValueError: unknown method (the message lists the known ones) or span.
+        ValueError: no detector of that name (the message lists them) or an unknown
+            span.
     """
     try:
         cls = DETECTORS[name]
     except KeyError:
-        if name in FORWARD_METHODS:
-            raise ValueError(f"{name!r} is no decode-step detector: it runs its own forward "
-                             "passes (score_methods or score_trials score it)") from None
-        raise ValueError(f"unknown method {name!r}; use one of {sorted(DETECTORS)}") from None
+        raise ValueError(f"no decode-pass detector {name!r}; use one of "
+                         f"{sorted(DETECTORS)} (score_trials(method=...) also scores the "
+                         "methods with their own forward passes: "
+                         "locos_tl.experiments.methods.METHODS)") from None
     return cls(span=span)
 
 
-__all__ = ["DETECTORS", "FORWARD_METHODS", "SPAN_NAMES", "Detector", "SpanName",
+__all__ = ["DETECTORS", "SPAN_NAMES", "Detector", "SpanName",
            "TrialOutcome", "get_detector", "Locos", "DLA", "WuCopy", "HeadKV", "HeadKVAnchor",
            "AttentionSpatial"]

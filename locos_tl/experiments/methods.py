@@ -1,29 +1,37 @@
-"""The head-scoring methods and what each needs of a trial: the seed of one registry.
+"""The registry of head-scoring methods: one :class:`Method` a method, and what each needs
+of a trial.
 
-Each method is a :class:`Method`: its name; whether it rides the shared decode pass (the
-detectors of :data:`locos_tl.detectors.DETECTORS`, fed by one greedy decode per trial,
-:func:`locos_tl.experiments.score.score_methods`) or runs its own forward passes per
-trial (``atp``, ``qrhead``, ``cri``); the trial span it reads by default and the spans
-it accepts; and its per-trial requirements, small named checks
-``check(model, trial, options) -> problem or None``.
+Each method declares its name; its kind: ``"decode_pass"`` (a detector of
+:data:`locos_tl.detectors.DETECTORS`, fed by the one greedy decode per trial that every
+such method shares, :func:`locos_tl.experiments.score.score_methods`) or
+``"own_passes"`` (its own forward passes per trial: ``atp``, ``qrhead``, ``cri``, each
+run by its function, :meth:`Method.run`); the trial span it reads by default and the
+spans it accepts; and its per-trial requirements, small named checks
+``check(model, trial, options) -> problem or None``. :data:`METHODS` (name ->
+:class:`Method`, in a fixed order) is what ``score_trials(method=...)``, the protocol,
+``locos score --method`` and the cost benchmark read.
 
 :func:`check_trials` runs the checks of every method a run scores (and a sweep's own
 ones) on every trial before the first forward pass, and refuses all the bad trials in
 one :class:`~locos_tl.errors.TrialError` naming each (index and id) and what is wrong,
 instead of stopping at the last trial after the others were scored.
 
-The decode-pass entries are derived from :data:`~locos_tl.detectors.DETECTORS` when the
-registry is first read (:func:`get_method`, ``METHODS``): importing this module imports
-neither torch nor TransformerLens.
+Result files written before the registry name one method otherwise: :data:`OLD_NAMES`
+maps those names to the registered ones, and :func:`current_name` applies it where old
+records are read (nowhere else).
+
+Importing this module imports neither torch nor TransformerLens: a method's detector
+class or function is imported when it is used (:meth:`Method.detector_class`,
+:meth:`Method.function`).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from locos_tl.engine.answers import answer_token_variants
 from locos_tl.errors import TrialError
@@ -31,9 +39,21 @@ from locos_tl.experiments.corruption import DEFAULT_FILLER, DEFAULT_SWAP_NAMES, 
 from locos_tl.experiments.question import qrhead_inputs
 from locos_tl.trials import Trial, as_span, as_trial_list, check_trials_tokenizer
 
-__all__ = ["Check", "Method", "answer_tokenizes", "check_trials", "corruptible",
-           "fits_decode", "fits_patching", "fits_prompt", "get_method", "question_located",
+if TYPE_CHECKING:
+    from locos_tl.detectors import Detector
+    from locos_tl.heads import HeadScores
+
+__all__ = ["METHODS", "OLD_NAMES", "Check", "Method", "MethodKind", "answer_tokenizes",
+           "check_trials", "corruptible", "current_name", "fits_decode", "fits_patching",
+           "fits_prompt", "get_method", "method_names", "question_located",
            "spans_in_prompt"]
+
+#: ``"decode_pass"``: rides the one greedy decode per trial that every such method
+#: shares; ``"own_passes"``: runs its own forward (and backward) passes per trial.
+MethodKind = Literal["decode_pass", "own_passes"]
+#: The trial spans a method may read (:meth:`locos_tl.trials.Trial.span`; the detectors'
+#: ``SPAN_NAMES``).
+SPANS: tuple[str, ...] = ("needle", "answer")
 
 #: A per-trial requirement: ``check(model, trial, options)`` returns what is wrong with
 #: ``trial`` for a run with ``options`` (the run's keyword arguments), or None.
@@ -119,58 +139,155 @@ class Method:
     """One head-scoring method (see the module docstring).
 
     Attributes:
-        name: the method's name (``score_trials(method=...)``; ``cri`` is
-            :func:`~locos_tl.experiments.patching.patch_heads`'s).
-        decode_pass: True when it rides the shared decode pass (a detector of
-            :data:`~locos_tl.detectors.DETECTORS`); False when it runs its own forward
-            passes per trial.
+        name: its one name, in Python (``score_trials(method=...)``), on the command
+            line (``locos score --method``) and in result files.
+        kind: ``"decode_pass"`` or ``"own_passes"`` (:data:`MethodKind`).
+        summary: what it scores, in a few words, with its source.
         default_span: the trial span it reads unless told otherwise
-            (:meth:`locos_tl.trials.Trial.span`); None: it reads no span (patching
-            corrupts the whole needle).
+            (:meth:`locos_tl.trials.Trial.span`; a decode-pass method's is its detector
+            class's ``span``); None: it reads no span (patching corrupts the whole
+            needle).
         spans: the spans it accepts (empty: none).
         checks: its per-trial requirements, run by :func:`check_trials`.
+        detector: ``"module:Class"`` of a decode-pass method's
+            :class:`~locos_tl.detectors.Detector` (:meth:`detector_class`).
+        runner: ``"module:function"`` of an own-pass method's function,
+            ``(model, trials, **options) -> HeadScores`` (:meth:`function`).
+        options: the options of :func:`~locos_tl.experiments.score.score_methods`
+            that ``score_methods`` hands an own-pass method's function (each of the same
+            meaning there), beside ``span`` when it accepts spans; its other options
+            keep the function's defaults.
+        variant_of: the method this one is a variant of (``headkv_anchor`` of
+            ``headkv``), or None.
     """
 
     name: str
-    decode_pass: bool
+    kind: MethodKind
+    summary: str
     default_span: str | None
     spans: tuple[str, ...]
     checks: tuple[Check, ...]
+    detector: str | None = None
+    runner: str | None = None
+    options: tuple[str, ...] = ()
+    variant_of: str | None = None
+
+    @property
+    def decode_pass(self) -> bool:
+        """Whether it rides the shared decode pass (``kind == "decode_pass"``)."""
+        return self.kind == "decode_pass"
+
+    def detector_class(self) -> type[Detector]:
+        """A decode-pass method's detector class (imports torch).
+
+        Raises:
+            TypeError: an own-pass method (it has no detector).
+        """
+        if self.detector is None:
+            raise TypeError(f"{self.name} runs its own forward passes: it has no "
+                            "decode-pass detector (Method.run scores it)")
+        return _imported(self.detector)
+
+    def function(self) -> Callable[..., HeadScores]:
+        """An own-pass method's function, ``(model, trials, **options) -> HeadScores``
+        (imported now: torch and the model code).
+
+        Raises:
+            TypeError: a decode-pass method (``score_trials(method=...)`` scores it).
+        """
+        if self.runner is None:
+            raise TypeError(f"{self.name} rides the shared decode pass: score it with "
+                            f"score_trials(model, trials, method={self.name!r})")
+        return _imported(self.runner)
+
+    def run(self, model: Any, trials: Any, **options: Any) -> HeadScores:
+        """Score ``trials`` with an own-pass method's function and its keyword
+        ``options`` (:attr:`runner`: e.g. ``corruption=``, ``answer_position=`` of
+        ``cri`` and ``atp``).
+
+        Returns:
+            The function's :class:`~locos_tl.heads.HeadScores` (``[n_layers,
+            n_heads]`` scores, per-trial scores).
+
+        Raises:
+            TypeError: a decode-pass method; an option the function does not take.
+        """
+        return self.function()(model, trials, **options)
+
+
+def _imported(path: str) -> Any:
+    module, attr = path.split(":")
+    return getattr(importlib.import_module(module), attr)
 
 
 _DECODE_CHECKS: tuple[Check, ...] = (fits_decode, spans_in_prompt, answer_tokenizes)
 _PATCHING_CHECKS: tuple[Check, ...] = (fits_patching, answer_tokenizes, corruptible)
+#: score_methods' options that the own-pass functions take, with the same meaning
+_OWN_OPTIONS = ("out_dir", "progress", "on_resume")
 
 
-@cache
-def _registry() -> Mapping[str, Method]:
-    from locos_tl.detectors import DETECTORS, SPAN_NAMES
+def _decode(name: str, cls: str, summary: str, span: str,
+            variant_of: str | None = None) -> Method:
+    return Method(name, "decode_pass", summary, span, SPANS, _DECODE_CHECKS,
+                  detector=f"locos_tl.detectors.{cls}", variant_of=variant_of)
 
-    out = {name: Method(name, True, cls.span, SPAN_NAMES, _DECODE_CHECKS)
-           for name, cls in DETECTORS.items()}
-    out["atp"] = Method("atp", False, None, (), _PATCHING_CHECKS)
-    out["qrhead"] = Method("qrhead", False, "needle", SPAN_NAMES,
-                           (fits_prompt, spans_in_prompt, question_located))
-    out["cri"] = Method("cri", False, None, (), _PATCHING_CHECKS)
-    return MappingProxyType(out)
+
+#: Every head-scoring method, name -> :class:`Method` (read-only), in the order the
+#: command line lists them: the decode-pass methods, then the own-pass ones.
+METHODS: Mapping[str, Method] = MappingProxyType({m.name: m for m in (
+    _decode("locos", "locos:Locos", "LOCOS, the per-head logit contribution contrasted "
+            "on the needle (Gema, Alex & Minervini 2026, arXiv 2607.01002)", "needle"),
+    _decode("wu", "attention:WuCopy", "Wu et al.'s copy-paste retrieval score (Wu et al. "
+            "2025, arXiv 2404.15574)", "answer"),
+    _decode("attention_spatial", "attention:AttentionSpatial", "LOCOS's spatial "
+            "contrast on attention (arXiv 2607.01002, Sec. 4)", "needle"),
+    _decode("headkv", "headkv:HeadKV", "HeadKV's retrieval-reasoning score (Fu et al. "
+            "2025, arXiv 2410.19258)", "answer"),
+    _decode("headkv_anchor", "headkv:HeadKVAnchor", "HeadKV's anchor-window variant of "
+            "the LOCOS release (prompt only)", "needle", variant_of="headkv"),
+    _decode("dla", "locos:DLA", "direct logit attribution, no spatial contrast (arXiv "
+            "2607.01002, Sec. 4)", "needle"),
+    Method("atp", "own_passes", "attribution patching, a gradient estimate of CRI "
+           "(Nanda 2023; Kramár et al. 2024, arXiv 2403.00745)", None, (),
+           _PATCHING_CHECKS, runner="locos_tl.experiments.atp:atp_heads",
+           options=("max_new_tokens", *_OWN_OPTIONS)),
+    Method("qrhead", "own_passes", "QRHead's query-context attention (Zhang et al. 2025, "
+           "arXiv 2506.09944)", "needle", SPANS,
+           (fits_prompt, spans_in_prompt, question_located),
+           runner="locos_tl.experiments.qrhead:qrhead_heads", options=_OWN_OPTIONS),
+    Method("cri", "own_passes", "causal retrieval importance: per-head activation "
+           "patching, clean into corrupted (arXiv 2607.01002)", None, (),
+           _PATCHING_CHECKS, runner="locos_tl.experiments.patching:patch_heads",
+           options=("max_new_tokens", *_OWN_OPTIONS)),
+)})
+
+#: Names that result files written before this registry use for a registered method:
+#: the ablation cells (``jobs.json``) and the tables of the protocol's published runs
+#: (``docs/real_models/``) call Wu's ranking ``wu_nolima``. Read, never written:
+#: :func:`current_name` applies it where old records are loaded.
+OLD_NAMES: Mapping[str, str] = MappingProxyType({"wu_nolima": "wu"})
+
+
+def current_name(name: str) -> str:
+    """The registered name of a method that an old record calls ``name``
+    (:data:`OLD_NAMES`); any other name as it is."""
+    return OLD_NAMES.get(name, name)
+
+
+def method_names(kind: MethodKind | None = None) -> tuple[str, ...]:
+    """The registered names (of one ``kind`` if given), in :data:`METHODS`' order."""
+    return tuple(n for n, m in METHODS.items() if kind is None or m.kind == kind)
 
 
 def get_method(name: str) -> Method:
     """The registered method ``name``.
 
     Raises:
-        ValueError: an unknown name (the message lists the known ones).
+        ValueError: an unknown name (the message lists the registered ones).
     """
-    registry = _registry()
-    if name not in registry:
-        raise ValueError(f"unknown method {name!r}; use one of {sorted(registry)}")
-    return registry[name]
-
-
-def __getattr__(name: str) -> Any:
-    if name == "METHODS":  # name -> Method, read-only; built on first use
-        return _registry()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    if name not in METHODS:
+        raise ValueError(f"unknown method {name!r}; use one of {', '.join(METHODS)}")
+    return METHODS[name]
 
 
 def check_trials(

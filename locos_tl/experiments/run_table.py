@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from locos_tl.errors import LocosError, warn_caller
+from locos_tl.experiments.methods import current_name
 from locos_tl.experiments.task_metrics import Scorer, get_scorer
 from locos_tl.runs.records import read_records
 from locos_tl.trials import Trial, as_trial_list
@@ -62,7 +63,9 @@ PER_TRIAL_COLUMNS = ["method", "k", "seed", "trial", "metric", "value"]
 
 def read_jobs(out_dir: str | Path) -> list[dict[str, Any]]:
     """The sweep cells recorded in ``out_dir/jobs.json`` (``[]`` if there is none):
-    dicts with ``method``, ``k``, ``seed``, ``heads_key`` and ``heads`` (ranked).
+    dicts with ``method``, ``k``, ``seed``, ``heads_key`` and ``heads`` (ranked). A cell
+    written under a method's old name (``wu_nolima``) comes back under its registered
+    one (:func:`~locos_tl.experiments.methods.current_name`).
 
     Raises:
         LocosError: ``jobs.json`` cannot be read (names the file and the way out).
@@ -81,7 +84,7 @@ def read_jobs(out_dir: str | Path) -> list[dict[str, Any]]:
             f"{path} is not a readable list of sweep cells ({type(exc).__name__}: {exc}); "
             f"delete it and rerun the evaluate calls on {path.parent} (finished "
             "generations are reused; each call records its cells)") from None
-    return list(jobs)
+    return [{**j, "method": current_name(j["method"])} for j in jobs]
 
 
 def job_cell(job: AblationJob) -> dict[str, Any]:

@@ -20,12 +20,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from locos_tl.detectors import FORWARD_METHODS, SPAN_NAMES, get_detector
 from locos_tl.engine.answers import GATE_THRESHOLD
 from locos_tl.engine.forward import engine_paths
 from locos_tl.engine.stops import StopRule
 from locos_tl.engine.unembed import AnswerDirections
-from locos_tl.experiments.methods import check_trials
+from locos_tl.experiments.methods import Method, check_trials, get_method
 from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
@@ -77,10 +76,12 @@ def score_trials(model: Any, trials: Any, *, method: str | None = None,
     Args:
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
-        method: ``"locos"`` (default, also for None), ``"wu"``, ``"headkv"``, ``"headkv_anchor"``,
-            ``"attention_spatial"``, ``"dla"``, or one with its own forward passes:
-            ``"atp"`` (:func:`locos_tl.experiments.atp.atp_heads`) or ``"qrhead"``
-            (:func:`locos_tl.experiments.qrhead.qrhead_heads`).
+        method: a name of :data:`~locos_tl.experiments.methods.METHODS`: ``"locos"``
+            (default, also for None), ``"wu"``, ``"attention_spatial"``, ``"headkv"``,
+            ``"headkv_anchor"``, ``"dla"`` (the shared decode pass), or one with its own
+            forward passes: ``"atp"`` (:func:`locos_tl.experiments.atp.atp_heads`),
+            ``"qrhead"`` (:func:`locos_tl.experiments.qrhead.qrhead_heads`) or ``"cri"``
+            (:func:`locos_tl.experiments.patching.patch_heads`).
         **options: every option of :func:`score_methods` (``out_dir``,
             ``max_new_tokens``, ``variant``, ``workers``, ...).
 
@@ -148,18 +149,23 @@ def score_methods(
     that method's ``span``, ``n_accepted`` and drop counts, and ``acceptance`` (every
     method's counts, also written to ``meta.json``).
 
-    ``atp`` (attribution patching) and ``qrhead`` run their own forward passes beside
-    the decode pass (:data:`~locos_tl.detectors.FORWARD_METHODS`), with their functions'
-    defaults: of the options here only ``max_new_tokens``, ``progress``, ``on_resume``
-    and (``qrhead``) a ``spans`` entry apply to them. With ``out_dir`` each keeps its
-    records and scores in ``out_dir/<method>/``; a later run of other methods leaves
-    that folder as it is. Ray ``workers`` do not run them (``ValueError``).
+    ``atp`` (attribution patching), ``qrhead`` and ``cri`` (activation patching) run
+    their own forward passes beside the decode pass, each through its function
+    (:meth:`Method.run <locos_tl.experiments.methods.Method.run>`) with that function's
+    defaults: of the options here only ``out_dir``, ``progress``, ``on_resume``,
+    ``max_new_tokens`` (``atp``, ``cri``: the greedy budget to find the answer) and a
+    ``spans`` entry (``qrhead``) apply to them (:attr:`Method.options
+    <locos_tl.experiments.methods.Method.options>`); ``batch_size`` (trials decoded
+    together) is not CRI's ``batch_size`` (heads patched per forward) and is not passed.
+    With ``out_dir`` each keeps its records and scores in ``out_dir/<method>/``; a later
+    run of other methods leaves that folder as it is. Ray ``workers`` do not run them
+    (``ValueError``).
 
     Args:
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
-        methods: method names sharing one decode pass (default ``("locos",)``; one
-            name as a string is one method).
+        methods: names of :data:`~locos_tl.experiments.methods.METHODS` (default
+            ``("locos",)``; one name as a string is one method).
         variant: ``"raw"`` (paper) or ``"exact"`` (norm scales frozen; phi sums to DLA).
         max_new_tokens: greedy decoding budget per trial.
         out_dir: run directory (one run: layout in :mod:`locos_tl.runs.rundir`); one JSON
@@ -212,8 +218,9 @@ def score_methods(
         ``RuntimeWarning`` gives the drop counts and rankings refuse.
 
     Raises:
-        ValueError: unknown method, variant or span, a span override for a method
-            that is not scored (or for ``atp``), or ``atp``/``qrhead`` with Ray workers.
+        ValueError: unknown method (the message lists the registered ones), variant or
+            span, a span override for a method that is not scored (or that reads no
+            span: ``atp``, ``cri``), or an own-pass method with Ray workers.
         TrialError: ``trials`` is one bare Trial (pass a list) or holds a
             non-Trial; trials that do not fit the model or that a method cannot score
             (a QRHead trial without a question, ...), all named in one error before any
@@ -251,20 +258,14 @@ def score_methods(
     if as_int(batch_size, "batch_size") < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     methods = [methods] if isinstance(methods, str) else list(methods)
-    own = [m for m in methods if m in FORWARD_METHODS]
-    if own:  # AtP and QRHead run their own forwards, beside the shared decode pass
+    own = [m.name for m in map(get_method, methods) if not m.decode_pass]  # names checked
+    if own:  # their own forwards, beside the shared decode pass
         if dist is not None:
             raise ValueError(f"{', '.join(own)} run in this process only: use workers=1")
         decode = [m for m in methods if m not in own]
         rest = {k: v for k, v in (spans or {}).items() if k not in own}
-        if "atp" in (spans or {}):  # refused before any work
-            raise ValueError(f"atp reads no span (got spans={{'atp': {spans['atp']!r}}}): "
-                             "it patches every position of the corrupted needle")
-        if (spans or {}).get("qrhead", "needle") not in SPAN_NAMES:
-            raise ValueError(f"unknown span {spans['qrhead']!r} for qrhead; use 'needle' "
-                             "or 'answer'")
-        for m in decode:  # an unknown name is refused before the trials are checked
-            get_detector(m)
+        for m in own:  # refused before any work
+            _own_span(get_method(m), spans)
         trials = as_trial_list(trials, _caller)
         check_trials(model, trials, methods, where=_caller, spans=spans,
                      max_new_tokens=max_new_tokens)  # every method's, before any forward
@@ -274,10 +275,10 @@ def score_methods(
             prefill_mode=prefill_mode, chunk_size=chunk_size, stop_rule=stop_rule,
             thinking=thinking, spans=rest or None, decode_engine=decode_engine,
             batch_size=batch_size, on_resume=on_resume, _caller=_caller) if decode else {}
+        given = dict(out_dir=out_dir, max_new_tokens=max_new_tokens, progress=progress,
+                     on_resume=on_resume)
         for m in own:
-            result[m] = _forward_method(m, model, trials, out_dir=out_dir,
-                                        max_new_tokens=max_new_tokens, progress=progress,
-                                        span=(spans or {}).get(m), on_resume=on_resume)
+            result[m] = _own_passes(get_method(m), model, trials, spans, **given)
         return {m: result[m] for m in methods}
     keep = _kept(out_dir, methods)  # a rescoring with fewer methods deletes nothing
     if keep:
@@ -326,24 +327,36 @@ def score_methods(
     return _requested(run.finish(), keep)
 
 
-def _forward_method(
-    method: str, model: Any, trials: Any, *, out_dir: str | Path | None,
-    max_new_tokens: int, progress: bool, span: str | None,
-    on_resume: Callable[[int, int], None] | None,
-) -> HeadScores:
-    """Score one of :data:`~locos_tl.detectors.FORWARD_METHODS` with its defaults; with
+def _own_span(method: Method, spans: dict[str, str] | None) -> str | None:
+    """The span an own-pass method reads: its ``spans`` override, else its default.
+
+    Raises:
+        ValueError: an override for a method that reads no span, or an unknown span.
+    """
+    if method.name not in (spans or {}):
+        return method.default_span
+    span = spans[method.name]  # type: ignore[index]
+    if not method.spans:
+        raise ValueError(f"{method.name} reads no span (got spans={{{method.name!r}: "
+                         f"{span!r}}}): it patches every position of the corrupted needle")
+    if span not in method.spans:
+        raise ValueError(f"unknown span {span!r} for {method.name}; use one of "
+                         f"{', '.join(method.spans)}")
+    return span
+
+
+def _own_passes(method: Method, model: Any, trials: list[Any],
+                spans: dict[str, str] | None, *, out_dir: str | Path | None,
+                **given: Any) -> HeadScores:
+    """Score an own-pass method through its function with the options of ``given``
+    (``score_methods``' own) it declares (:attr:`Method.options`) and its span; with
     ``out_dir``, its records and saved scores go to ``out_dir/<method>/`` (resumable)."""
-    run_dir = None if out_dir is None else Path(out_dir) / method
-    if method == "atp":
-        from locos_tl.experiments.atp import atp_heads
-
-        hs = atp_heads(model, trials, max_new_tokens=max_new_tokens, out_dir=run_dir,
-                       progress=progress, on_resume=on_resume)
-    else:
-        from locos_tl.experiments.qrhead import qrhead_heads
-
-        hs = qrhead_heads(model, trials, span=span or "needle", out_dir=run_dir,
-                          progress=progress, on_resume=on_resume)
+    run_dir = None if out_dir is None else Path(out_dir) / method.name
+    options = {k: v for k, v in {**given, "out_dir": run_dir}.items()
+               if k in method.options}
+    if method.spans:
+        options["span"] = _own_span(method, spans)
+    hs = method.run(model, trials, **options)
     if run_dir is not None:
         hs.save(run_dir)
     return hs

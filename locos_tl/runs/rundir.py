@@ -251,10 +251,11 @@ def load_head_scores(path: str | Path, method: str | None = None) -> HeadScores:
                 "heads.json file"
             )
         return HeadScores.load(p / _choose(p, subs, method))
-    from locos_tl.detectors import FORWARD_METHODS
+    from locos_tl.detectors import DETECTORS
 
-    if method in FORWARD_METHODS and (p / method / "head_scores.json").exists():
-        return HeadScores.load(p / method)  # AtP / QRHead: its own folder, own records
+    if (method is not None and method not in DETECTORS
+            and (p / method / "head_scores.json").exists()):
+        return HeadScores.load(p / method)  # AtP, QRHead, CRI: own folder, own records
     chosen = _choose(p, methods, method)
     if (p / chosen / "head_scores.json").exists():
         return HeadScores.load(p / chosen)

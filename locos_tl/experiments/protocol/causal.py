@@ -12,7 +12,7 @@ from typing import Any
 import pandas as pd
 
 from locos_tl.experiments.protocol import common as util
-from locos_tl.experiments.protocol.common import _floats, _ints
+from locos_tl.experiments.protocol.common import DETECTORS, OWN_PASS, _floats, _ints
 
 
 def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> Any:
@@ -32,7 +32,7 @@ def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any
         cri.save(out / "heads" / "cri")
     n = int(model.cfg.n_layers) * int(model.cfg.n_heads)
     ks = tuple(k for k in (5, 10, 20, 50) if k <= n)
-    for name in ("locos", "wu", "dla", "attention_spatial", "headkv", "atp", "qrhead"):
+    for name in (*DETECTORS, *OWN_PASS):
         if name in scores and scores[name].n_trials:
             agree = compare_rankings(scores[name], cri, ks=ks)
             agree.to_csv(out / "patch" / f"agreement_{name}_cri.csv", index=False)

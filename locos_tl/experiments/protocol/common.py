@@ -9,13 +9,28 @@ from typing import Any
 
 import numpy as np
 
+from locos_tl.experiments.methods import METHODS
+
 STAGES = ("trials", "detect", "calibrate", "ablate", "patch", "compress", "report")
-DETECTORS = ("locos", "wu", "attention_spatial", "headkv", "dla")
+#: the patch stage's method: CRI over ``--n-cri`` detection trials, compared with every
+#: ranking (``patch/agreement_<method>_cri.csv``), not ablated
+PATCH_METHOD = "cri"
+#: the methods the detect stage scores in one decode pass over the detection trials: the
+#: registry's decode-pass methods but variants (``headkv_anchor``)
+DETECTORS = tuple(m.name for m in METHODS.values() if m.decode_pass and m.variant_of is None)
+#: the registry's own-pass methods the detect stage scores when ``--methods`` names them
+OWN_PASS = tuple(m.name for m in METHODS.values()
+                 if not m.decode_pass and m.name != PATCH_METHOD)
+#: Wu scored again on the NIAH trials (``detect_niah/``), as Wu et al. publish it: the
+#: protocol's one ranking that is not a method of the registry on the detection trials
+WU_NIAH = "wu_niah"
+#: every ranking ``--methods`` may name (or ``baseline`` alone)
+RANKINGS = (*DETECTORS, WU_NIAH, *OWN_PASS)
 PRESETS: dict[str, dict[str, Any]] = {
     # the issue's protocol (GPU-sized: about 12,000 generations at 1-2k tokens)
     "full": dict(n_detect=80, n_eval=60, n_niah=30, n_control=50, n_cri=20, n_compress=40,
                  eval_lengths="1000,2000", random_seeds="0,1,2",
-                 methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
+                 methods="locos,wu_niah,wu,attention_spatial,headkv,dla",
                  fractions="0.05,0.1,0.2,0.5,1.0", ks="1,5,10,20,50",
                  questions="onehop,direct"),
     # what a 2-core CPU affords (the committed SmolLM2 results, grown over several
@@ -26,7 +41,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "cpu": dict(n_detect=60, n_eval=60, n_niah=12, n_control=12, n_cri=3, n_compress=40,
                 eval_lengths="1000", random_seeds="0,1,2", ks="1,5,10,20,50",
                 questions="direct",
-                methods="locos,wu_niah,wu_nolima,attention_spatial,headkv,dla",
+                methods="locos,wu_niah,wu,attention_spatial,headkv,dla",
                 fractions="0.05,0.1,0.2,0.5,1.0"),
 }
 DETECT_SEED, EVAL_SEED = 101, 202
@@ -82,23 +97,20 @@ def _baseline_only(methods: str) -> bool:
 
 
 def rankings_for_ablation(scores: dict[str, Any], methods: str) -> dict[str, Any]:
-    """The head sets the ablation sweeps (``--methods``; Wu on NoLiMa is ``wu_nolima``;
-    ``baseline`` alone: none)."""
-    names = {"locos": "locos", "wu_niah": "wu_niah", "wu_nolima": "wu",
-             "attention_spatial": "attention_spatial", "headkv": "headkv", "dla": "dla",
-             "atp": "atp", "qrhead": "qrhead"}
+    """The head sets the ablation sweeps: the rankings ``--methods`` names (each one of
+    :data:`RANKINGS`, by its registry name; ``baseline`` alone: none)."""
     if _baseline_only(methods):
         return {}
     out = {}
-    for new in _methods(methods):
-        if new not in names:
-            raise SystemExit(f"unknown --methods entry {new!r}; choose from "
-                             f"{sorted(names)}, or 'baseline' alone")
-        hs = scores.get(names[new])
+    for name in _methods(methods):
+        if name not in RANKINGS:
+            raise SystemExit(f"unknown --methods entry {name!r}; choose from "
+                             f"{', '.join(RANKINGS)}, or 'baseline' alone")
+        hs = scores.get(name)
         if hs is not None and hs.n_trials > 0:
-            out[new] = hs
+            out[name] = hs
         else:
-            print(f"ablation: {new} accepted no detection trial; left out")  # noqa: T201
+            print(f"ablation: {name} accepted no detection trial; left out")  # noqa: T201
     return out
 
 

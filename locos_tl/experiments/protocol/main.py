@@ -66,7 +66,7 @@ from typing import Any
 
 from locos_tl.experiments.protocol import common as util
 from locos_tl.experiments.protocol.causal import compress, patch
-from locos_tl.experiments.protocol.common import PRESETS, STAGES
+from locos_tl.experiments.protocol.common import PRESETS, RANKINGS, STAGES, WU_NIAH
 from locos_tl.experiments.protocol.report import report, resume_from
 from locos_tl.experiments.protocol.stages import (
     _trial_sizes,
@@ -77,6 +77,11 @@ from locos_tl.experiments.protocol.stages import (
     detect,
     load_rankings,
 )
+
+#: ``--methods``' help, from the registry (:data:`~locos_tl.experiments.protocol.common.RANKINGS`)
+METHODS_HELP = (f"rankings to ablate, comma-separated: {', '.join(RANKINGS)} ({WU_NIAH}: "
+                "Wu on the NIAH trials; the own-pass methods are scored only when named "
+                "here), or baseline alone (default: the preset's)")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -140,7 +145,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                          "(e.g. docs/real_models/smollm2)")
     for key in PRESETS["full"]:
         ap.add_argument("--" + key.replace("_", "-"), default=None,
-                        type=int if key.startswith("n_") else str)
+                        type=int if key.startswith("n_") else str,
+                        help=METHODS_HELP if key == "methods" else None)
     args = ap.parse_args(argv)
     for key, v in PRESETS[args.preset].items():
         if getattr(args, key) is None:

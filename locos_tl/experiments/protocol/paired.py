@@ -18,10 +18,10 @@ from locos_tl.experiments.stats import (  # noqa: F401  (mcnemar_p, wilcoxon_p: 
 
 #: (ranking, against) pairs tested at every k both have; "random" pools its seeds
 PAIRS: tuple[tuple[str, str], ...] = (
-    ("locos", "random"), ("wu_nolima", "random"), ("wu_niah", "random"), ("dla", "random"),
+    ("locos", "random"), ("wu", "random"), ("wu_niah", "random"), ("dla", "random"),
     ("attention_spatial", "random"), ("headkv", "random"), ("atp", "random"),
     ("qrhead", "random"),
-    ("locos", "wu_nolima"), ("locos", "wu_niah"), ("locos", "dla"),
+    ("locos", "wu"), ("locos", "wu_niah"), ("locos", "dla"),
     ("locos", "atp"), ("locos", "qrhead"),
 )
 

@@ -15,6 +15,8 @@ from locos_tl.experiments.protocol.common import (
     DETECTORS,
     EVAL_DEPTHS,
     EVAL_SEED,
+    OWN_PASS,
+    WU_NIAH,
     _baseline_only,
     _ints,
     _names,
@@ -227,20 +229,18 @@ def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
                             max_new_tokens=args.niah_max_new_tokens,
                             batch_size=args.batch_size)
     res = dict(res)
-    res["wu_niah"] = wu_niah["wu"]
+    res[WU_NIAH] = wu_niah["wu"]
     extra = forward_methods(args.methods)
-    if extra:  # AtP and QRHead: their own forwards, records in detect/<method>/
+    if extra:  # AtP, QRHead: their own forwards, records in detect/<method>/
         res.update(score_methods(model, trials, methods=extra, out_dir=out / "detect",
                                  max_new_tokens=args.max_new_tokens))
     return res
 
 
 def forward_methods(methods: str) -> list[str]:
-    """The methods of ``--methods`` with their own forward passes (``atp``, ``qrhead``),
-    scored only when asked for."""
-    from locos_tl.detectors import FORWARD_METHODS
-
-    return [m for m in util._methods(methods) if m in FORWARD_METHODS]
+    """The methods of ``--methods`` with their own forward passes (:data:`OWN_PASS`:
+    ``atp``, ``qrhead``), scored only when asked for."""
+    return [m for m in util._methods(methods) if m in OWN_PASS]
 
 
 def load_rankings(out: Path) -> dict[str, Any]:
@@ -248,12 +248,11 @@ def load_rankings(out: Path) -> dict[str, Any]:
     ``detect/``, Wu on NIAH from ``detect_niah/``, and AtP and QRHead (scored only when
     ``--methods`` named them) from ``detect/<method>/``, else from the report's copy in
     ``heads/<method>/`` (what a published run holds)."""
-    from locos_tl.detectors import FORWARD_METHODS
     from locos_tl.runs.rundir import load_head_scores
 
     res = {m: load_head_scores(out / "detect", m) for m in DETECTORS}
-    res["wu_niah"] = load_head_scores(out / "detect_niah", "wu")
-    for m in FORWARD_METHODS:
+    res[WU_NIAH] = load_head_scores(out / "detect_niah", "wu")
+    for m in OWN_PASS:
         found = [d for d in (out / "detect" / m, out / "heads" / m)
                  if (d / "head_scores.json").exists()]
         if found:
