@@ -35,7 +35,7 @@ def main() -> None:
     ap.add_argument("--trials", required=True, help="the run's evaluation trials")
     ap.add_argument("--question", default="onehop_1000", help="the ablate/ sub-folder")
     ap.add_argument("--k", type=int, default=5)
-    ap.add_argument("--methods", default="locos,wu_nolima,dla")
+    ap.add_argument("--methods", default="locos,wu,dla")
     ap.add_argument("--n", type=int, default=60, help="the first N trials")
     ap.add_argument("--max-new-tokens", type=int, default=16)
     ap.add_argument("--out", default="runs/bf16_ablation")

@@ -16,7 +16,7 @@ with 95 % bootstrap intervals), ``paired.csv`` (tests) and ``k_sweep.{html,png}`
 (contains against k)::
 
     python benchmarks/k_sweep.py --run runs/real/gemma-nolima-hop --ks 1,5,10 \\
-        --methods locos,dla,wu_nolima,atp,qrhead \\
+        --methods locos,dla,wu,atp,qrhead \\
         --publish docs/real_models/gemma3-hop/protocol/k_sweep
 """
 
@@ -41,7 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, help="a locos reproduce run directory")
     ap.add_argument("--ks", default="1,5,10,20")
-    ap.add_argument("--methods", default="locos,dla,wu_nolima,attention_spatial",
+    ap.add_argument("--methods", default="locos,dla,wu,attention_spatial",
                     help="rankings of the run (detect/) to ablate")
     ap.add_argument("--more-ks", default="",
                     help="further k at which only --more-methods and the controls run")
