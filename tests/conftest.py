@@ -118,6 +118,18 @@ def own_answer_trials(qwen3):
     raise RuntimeError("no prompt with a word in its response")
 
 
+@pytest.fixture(scope="session")
+def organism():
+    """The shipped 2-layer organism ``retrieval-2l`` (``SMALL_ORGANISM``: 2 x 8 heads, 2
+    kv groups, prompts up to 128 tokens) on the CPU, loaded once."""
+    from locos_tl import load_model
+    from locos_tl.organisms import SMALL_ORGANISM
+
+    if not (Path(SMALL_ORGANISM) / "config.json").exists():
+        pytest.fail(f"the shipped organism is missing: {SMALL_ORGANISM}")
+    return load_model(SMALL_ORGANISM, device="cpu")
+
+
 # ------------------------------------------------------------- GGUF files and the cache
 @pytest.fixture(scope="module")
 def tiny_gguf(tmp_path_factory):

@@ -13,20 +13,13 @@ import pytest
 from tolerances import EPS64, sum_tol
 from typer.testing import CliRunner
 
-from locos_tl import load_model, save_trials, score_methods
+from locos_tl import save_trials, score_methods
 from locos_tl.cli import app
 from locos_tl.organisms import SMALL_ORGANISM, make_trials
 
 runner = CliRunner()
 FRACTIONS = (0.1, 0.25, 0.5, 1.0)
 METHODS = ("locos", "wu", "headkv")
-
-
-@pytest.fixture(scope="module")
-def organism():
-    if not (Path(SMALL_ORGANISM) / "config.json").exists():
-        pytest.fail(f"the shipped organism is missing: {SMALL_ORGANISM}")
-    return load_model(SMALL_ORGANISM, device="cpu")
 
 
 @pytest.fixture(scope="module")

@@ -20,13 +20,6 @@ ORG = Path(__file__).resolve().parents[1] / "data" / "organisms" / "retrieval-2l
 
 
 @pytest.fixture(scope="module")
-def organism():
-    from locos_tl import load_model
-
-    return load_model(ORG, device="cpu")
-
-
-@pytest.fixture(scope="module")
 def ground_truth():
     return json.loads((ORG / "ground_truth.json").read_text())
 

@@ -149,13 +149,6 @@ def test_parse_ks_and_as_int() -> None:
 
 # -- entry points --------------------------------------------------------------------
 @pytest.fixture(scope="module")
-def organism():
-    from locos_tl import load_model
-
-    return load_model(ORGANISM, device="cpu")
-
-
-@pytest.fixture(scope="module")
 def org_trials(organism) -> list[Trial]:
     g = torch.Generator().manual_seed(0)
     V = int(organism.cfg.d_vocab)

@@ -165,11 +165,6 @@ def test_qrhead_under_no_grad_and_inference_mode(qwen3, grad_off) -> None:
     torch.testing.assert_close(got.trial_scores, plain.trial_scores, rtol=0, atol=0)
 
 
-@pytest.fixture(scope="module")
-def organism():
-    return lt.load_model(ORG, device="cpu")
-
-
 def test_qrhead_finds_the_organism_heads(organism) -> None:
     """The organism's question (``Q X``, meta ``query_start``) attends to the needle
     pair through the heads planted for it. Measured (12 trials, seed 3, 128 tokens):

@@ -32,13 +32,6 @@ UNCHECKED = "carry no tokenizer fingerprint"
 
 
 @pytest.fixture(scope="module")
-def organism():
-    from locos_tl.models.load import load_model
-
-    return load_model(SMALL_ORGANISM, device="cpu")
-
-
-@pytest.fixture(scope="module")
 def organism_trials():
     return make_trials("nonliteral", 2, n_tokens=48, seed=0)
 
