@@ -1,4 +1,4 @@
-"""Memory and time of head-level KV-cache compression (issue 13), measured.
+"""Memory and time of head-level KV-cache compression, measured.
 
 For one trial per context length, with a greedy LOCOS-style ranking (random scores
 here: memory and time do not depend on which heads are kept), prints per retained

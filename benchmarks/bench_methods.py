@@ -1,4 +1,4 @@
-"""Cost of the baselines and of causal patching (issue 5).
+"""Cost of the baselines and of causal patching.
 
 1. Multi-method overhead: ``score_methods(methods=[locos, wu, headkv, attention_spatial,
    dla])`` (one decode pass) against ``score_trials(method="locos")``. Target: <= 1.2x.

@@ -8,7 +8,7 @@ peak RSS growth over the loaded model and the wall time of:
 - HF ``generate`` with the default SDPA attention (the floor a user compares with),
 - the bridge's own ``generate`` (eager attention, hooks).
 
-Targets (issue 2): memory growth 4k->8k at most 1.3x the growth 2k->4k, read per token
+Targets: memory growth 4k->8k at most 1.3x the growth 2k->4k, read per token
 (``(m8k - m4k) / 4096`` against ``(m4k - m2k) / 2048``: 1.0 for linear memory, 2.0 for
 quadratic); scoring at most 1.5x HF SDPA generation at 8k. Each measurement is taken
 after a warm-up call on a 64-token prompt, so first-call costs are excluded.

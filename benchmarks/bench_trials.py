@@ -3,7 +3,7 @@
 Builds ``--n`` (default 250) trials at ``--length`` (default 4096) tokens, depths
 ``linspace(0, 100, 10)``, from an invented needle set in the NoLiMa format and the
 books shipped in ``locos_tl/data/books``, then checks every prompt length and needle span.
-Target (issue 3): under 30 s for 250 trials at 4k tokens.
+Target: under 30 s for 250 trials at 4k tokens.
 
 The tokenizer is ``--tokenizer DIR`` (a local folder with tokenizer files, e.g. a
 downloaded Qwen3 tokenizer) or, by default, a byte-level BPE (32k vocab, as in

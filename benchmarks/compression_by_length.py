@@ -1,4 +1,4 @@
-"""Accuracy under head-guided KV-cache compression at several context lengths (issue 13).
+"""Accuracy under head-guided KV-cache compression at several context lengths.
 
 For each prompt length, on a shipped organism (default ``retrieval-long``, book filler):
 

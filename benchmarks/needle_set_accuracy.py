@@ -1,4 +1,4 @@
-"""Per-entry accuracy of a needle set on a real model (issue 18, deliverable 3).
+"""Per-entry accuracy of a needle set on a real model.
 
 Builds the set's NoLiMa trials (``direct`` and ``onehop`` questions by default) at one
 prompt length, decodes them greedily with the project's protocol (free generation, stop

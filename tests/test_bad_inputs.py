@@ -1,4 +1,4 @@
-"""Bad input gets a clear error naming the problem (issue 12): malformed ``Trial``
+"""Bad input gets a clear error naming the problem: malformed ``Trial``
 fields, one bare Trial where a list is expected, a bare string or ``None`` as
 calibration prompts, and bad ``greedy_decode`` arguments. Each refusal is checked for
 its type and message; the accepted neighbours are checked against the plain form."""

@@ -1,4 +1,4 @@
-"""Batched trials (issue 10 item 4) give exactly batch size 1's records.
+"""Batched trials give exactly batch size 1's records.
 
 Every trial decoded in a batch (left padding, explicit positions, the twins) must give
 the record :func:`locos_tl.runs.runner.run_trial` gives it alone: same generated tokens,

@@ -245,7 +245,7 @@ def test_demo_table_says_no_head_scored(capsys):
     assert "locos: top 10 heads" in text and "L1H2" in text
 
 
-# -- issue 19: every command checks the trials file, the run directory, --means and --out
+# -- every command checks the trials file, the run directory, --means and --out
 # before the model loads; clear errors instead of tracebacks; no accepted trial fails ----
 def _command_args(command: str, tiny_dirs, tmp_path: Path, trials: Path) -> list[str]:
     """A full command line for ``command`` on the tiny Qwen3 (its head scores under

@@ -155,7 +155,7 @@ def no_model_load(monkeypatch):
 
 
 def test_compress_resume_refuses_another_dtype(setup, tmp_path, monkeypatch):
-    """Issue 19: a float32 run resumed with --dtype bfloat16 is refused before the
+    """A float32 run resumed with --dtype bfloat16 is refused before the
     model loads, as `locos score` refuses it; so is a run recorded before dtype was a
     setting (its provenance says float32)."""
     import locos_tl.models.load

@@ -5,7 +5,7 @@ budgets on sliding-window layers; models with learned attention sinks refused.
 
 Logits are compared within :func:`tolerances.model_tol` (float32 summation order: the
 kernels differ, the math does not). Measured, largest error / tolerance: full budget
-6.9e-6 / 6.8e-4 (llama; 1.09e-5 on the machine of issue 19, where a fixed 1e-5 failed),
+6.9e-6 / 6.8e-4 (llama; 1.09e-5 on another machine, where a fixed 1e-5 failed),
 partial budgets 1.4e-5 / 6.2e-4 (llama), the same under ``OMP_NUM_THREADS=1`` and the
 default.
 """
@@ -169,7 +169,7 @@ def mixed_gemma(tmp_path_factory):
 
 
 def test_sliding_budget_surplus_goes_to_the_next_heads(mixed_gemma):
-    """Issue 19: a ranking that puts the sliding layer's heads first stores as many
+    """A ranking that puts the sliding layer's heads first stores as many
     entries as one that puts the full layer's first (the budget), counted in the real
     compressed cache; retained_fraction is that count over the full cache's."""
     model = mixed_gemma

@@ -1,4 +1,4 @@
-"""Data-parallel scoring on Ray (issue 7): identical scores, worker death, resume.
+"""Data-parallel scoring on Ray: identical scores, worker death, resume.
 
 One local Ray cluster (2 CPUs, no dashboard) and one warm pool of 2 workers are shared
 by the module: starting Ray and importing torch in two actors costs ~30 s on a 2-core

@@ -1,4 +1,4 @@
-"""The lean decode step (issue 10 item 3) equals the bridge's ``hook_pattern`` path.
+"""The lean decode step equals the bridge's ``hook_pattern`` path.
 
 Scoring decode steps run on the eager twin (the bridge's tensors, ``output_attentions``)
 by default; the TransformerBridge with ``hook_pattern`` hooks is the reference. On Qwen3

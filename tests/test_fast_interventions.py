@@ -1,6 +1,6 @@
 """Ablation and activation patching run on the fast SDPA twin, equal to the bridge's hooks.
 
-Issue 10 item 2: the TransformerLens hook path on the bridge is the reference; the twin
+The TransformerLens hook path on the bridge is the reference; the twin
 runs the same hook functions as module hooks (``q_proj`` output, OLMo's shared
 ``q_norm``, ``o_proj`` input). In float32 on Qwen3 (a sliding layer), Gemma-3 (window 8,
 shorter than the 40-token prompt), OLMo-2 (shared query norm) and Llama: ablated logits

@@ -1,4 +1,4 @@
-"""No silent wrong results (issue 12 items 1, 4, 5, 6): a run directory is one run with
+"""No silent wrong results: a run directory is one run with
 one layout, non-finite numbers drop a trial with a warning, a score set without accepted
 trials refuses to rank, and context/span checks hold everywhere."""
 
@@ -172,7 +172,7 @@ def test_ablate_reads_multi_method_run(tiny_dirs, own_answer_trials, tmp_path):
                                    "none", "--max-new-tokens", "4"])
 
     # the method folder is read too; on this random model every Wu score is 0, which
-    # is refused as a ranking (issue 12) before anything is written
+    # is refused as a ranking (it ranks nothing) before anything is written
     res = ablate(str(run), str(run / "wu"))
     assert res.exit_code == 2 and "every wu score is 0" in res.output
     assert not abl.exists()

@@ -5,7 +5,7 @@ modes, the authors' hook (``q_proj`` output of head ``h`` replaced) on a plain
 ``transformers`` model; for ``query_zero`` also the running mean of the values (uniform
 attention over the prefix); for the output modes, 0 or the calibration mean. On OLMo-2,
 whose ``q_norm`` is one RMSNorm over all heads, the authors' hook also rescales the other
-heads of the layer (issue 11 item 2); locos_tl's does not.
+heads of the layer; locos_tl's does not.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from locos_tl.experiments.patching import head_patch_hook
 from locos_tl.models.tiny import ARCHS
 
 TOKENS = torch.tensor([[5 + (7 * i) % 300 for i in range(24)]])
-HEADS = [(1, 0), (0, 3)]  # (1, 0): the issue's input; (0, 3): the second kv group
+HEADS = [(1, 0), (0, 3)]  # (1, 0): the last layer, first kv group; (0, 3): the second kv group
 
 
 def _z_tol(model, z, layer):

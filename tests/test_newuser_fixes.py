@@ -210,7 +210,7 @@ def test_heads_with_an_unknown_method_lists_the_methods(tmp_path):
     assert all(m in msg for m in DETECTORS)
 
 
-# -- 8. issue 19: the test script, rankings of more heads than there are, one default ------
+# -- 8. the test script, rankings of more heads than there are, one default ---------------
 def test_test_script_runs_every_step_and_lists_the_failures(tmp_path):
     """scripts/test.sh runs ruff, pytest, the notebooks, the docs build and the wheel
     check even when steps fail, names each failed step at the end and exits non-zero."""

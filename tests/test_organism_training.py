@@ -1,4 +1,4 @@
-"""Training machinery of the organisms (issue 13): skip-wise positions, the attention
+"""Training machinery of the organisms: skip-wise positions, the attention
 mask they need, warm start by layer duplication, resumable checkpoints, valid ranges."""
 
 from __future__ import annotations

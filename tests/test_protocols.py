@@ -1,4 +1,4 @@
-"""Per-method protocols (issue 11 items 5-7): spans, HeadKV's two forms, acceptance.
+"""Per-method protocols: spans, HeadKV's two forms, acceptance.
 
 Values are checked against independent recomputations: attention rows and phi from a
 full forward (``phi_tensor``, no KV cache, no prefill twin) and hand-built rows.
@@ -95,7 +95,7 @@ def _f1(pred: str, gold: str) -> float:  # LongBench qa_f1_score, written out ag
     return 2 * prec * rec / (prec + rec)
 
 
-# ------------------------------------------------------------------ item 5: spans
+# ------------------------------------------------------------------ spans
 def test_niah_trial_spans_are_hand_checked(qwen3, niah):
     probes, trials = niah
     tok = qwen3.tokenizer
@@ -229,7 +229,7 @@ def test_wu_gate_equals_rouge_against_real_needle(niah):
             assert rouge1_recall(resp, p.answer) == rouge1_recall(resp, p.real_needle)
 
 
-# ------------------------------------------------------------------ item 6: HeadKV
+# ------------------------------------------------------------------ HeadKV
 class _WordTok:
     """Whitespace tokenizer over a fixed word list (ids = positions)."""
 
@@ -301,7 +301,7 @@ def test_headkv_anchor_rows_on_sliding_window_layers(tiny_dirs, tmp_path):
     assert hs.meta["n_accepted"] == 1  # no gate: a failing trial still counts
 
 
-# ------------------------------------------------------------------ item 7: acceptance
+# ------------------------------------------------------------------ acceptance
 def test_gate_passes_without_answer_step(qwen3, scored_niah, tmp_path):
     """Wu counts a trial whose gate passes with no answer step; LOCOS does not."""
     t_ok, res = scored_niah

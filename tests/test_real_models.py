@@ -1,4 +1,4 @@
-"""Exact on real pretrained weights (issue 18): SmolLM2-135M-Instruct (CI) and
+"""Exact on real pretrained weights: SmolLM2-135M-Instruct (CI) and
 Gemma-3-270m (``slow``), dequantized from their GGUF files by ``locos models fetch``.
 
 On prompts of 720-760 tokens of book text (both models; past Gemma's 512-token sliding
@@ -52,7 +52,7 @@ NEW = 6  # greedy tokens compared with HF generate
 TOL_FACTOR = 8.0
 
 # book-reading prompts: the instruct model gets its chat template, the base model a
-# completion-style prompt (issue 18: Gemma-3-270m answers no instruction-style question)
+# completion-style prompt (Gemma-3-270m answers no instruction-style question)
 COMPLETION = ("Read the story, then answer the question with a name.\n\n{haystack}\n\n"
               "Question: {question}\nAnswer:")
 SETUPS: dict[str, dict[str, Any]] = {

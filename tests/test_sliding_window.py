@@ -1,4 +1,4 @@
-"""Sliding-window layers with windows SHORTER than the prompt (issue 11 item 1).
+"""Sliding-window layers with windows SHORTER than the prompt.
 
 Every architecture with sliding layers: Gemma-3 (layer 0 sliding) and Qwen3 with
 ``use_sliding_window`` (layer 1 sliding), window 8, prompts of 40 tokens. References are

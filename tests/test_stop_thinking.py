@@ -1,4 +1,4 @@
-"""Stop rule and reasoning blocks (issue 11 items 3-4; docs/concepts.md "From steps to a
+"""Stop rule and reasoning blocks (docs/concepts.md "From steps to a
 head score"), with forced tokens on a tiny Qwen3 whose tokenizer has ``.\\n``,
 ``\\n\\n``, ``<think>`` and ``</think>`` tokens besides the bare ``\\n``."""
 

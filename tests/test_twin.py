@@ -1,6 +1,6 @@
 """The SDPA twin is the bridge's model by construction, and prefills it exactly.
 
-Issue 10 item 1: the twin shares every tensor with the bridge, and its KV cache and
+The twin shares every tensor with the bridge, and its KV cache and
 next-token logits equal the bridge's own prefill to float32 summation order
 (``tests/tolerances.py``) on Qwen3 (with a
 sliding layer), Gemma-3 (window shorter than the prompt), OLMo-2 and Llama. Low

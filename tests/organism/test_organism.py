@@ -1,5 +1,5 @@
 """Tests on the SHIPPED model organism (data/organisms/<name>): loading, task accuracy,
-causal ground truth and the LOCOS-vs-Wu double dissociation (issue 4)."""
+causal ground truth and the LOCOS-vs-Wu double dissociation."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The long-context organism `retrieval-long` (issue 13): shipped files, accuracy at
+"""The long-context organism `retrieval-long`: shipped files, accuracy at
 1024 and 2048 tokens on fresh prompts, and its documented mechanism re-checked at length
 (ablation, attention, LOCOS vs Wu) against what its card recorded."""
 
@@ -53,7 +53,7 @@ def test_shipped_train_log_is_the_recipe():
 
 
 def test_card_records_the_accuracy_and_its_valid_range(truth):
-    """Issue 13's bar (>= 0.95 literal, >= 0.90 non-literal) holds at 1024 and 2048 tokens
+    """The organism's bar (>= 0.95 literal, >= 0.90 non-literal) holds at 1024 and 2048 tokens
     on both fillers, and the card's valid range is the table's."""
     from locos_tl.organisms.lengths import valid_range
 
