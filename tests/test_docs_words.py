@@ -121,6 +121,20 @@ def test_no_lab_log_words(path):
     assert not found, "\n".join(found)
 
 
+#: a comment or docstring that names an issue of this project by its number: it says
+#: where a change came from, not why the code is as it is
+ISSUE_NUMBER = r"\bissues?\s*#?\d+"
+SOURCES = sorted(p for part in ("locos_tl", "tests", "benchmarks", "scripts")
+                 for p in (REPO / part).rglob("*.py"))
+
+
+def test_no_source_file_cites_an_issue_number():
+    found = [f"{p.relative_to(REPO)} {_where(t, m.start())}" for p in SOURCES
+             for t in [p.read_text()] for m in re.finditer(ISSUE_NUMBER, t, flags=re.I)]
+    assert not found, "\n".join(found)
+    assert re.search(ISSUE_NUMBER, "(" + "Issue" + " 19: a float32 run", flags=re.I)
+
+
 @pytest.mark.parametrize("path", FILES, ids=IDS)
 def test_no_lab_log_phrases(path):
     text = " ".join(_text(path).split())
