@@ -57,7 +57,7 @@ def main() -> None:
             return score
 
         sub = args.run / args.model / f"{question}_{length}_d{k}"
-        lt.load_evaluation(sub, trials, scorer=keep)
+        lt.load_ablation_sweep(sub, trials, scorer=keep)
         if len(answers) != len(trials):
             raise SystemExit(f"{sub} holds {len(answers)} of the {len(trials)} answers")
         for t in trials:

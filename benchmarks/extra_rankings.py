@@ -86,10 +86,10 @@ def _paired(published: Path, new: Path, trials: list, k: int):
     import pandas as pd
 
     import locos_tl as lt
-    from locos_tl.experiments.run_table import load_evaluation
+    from locos_tl.experiments.run_table import load_ablation_sweep
 
-    pub = load_evaluation(published, trials, per_trial=True)
-    ours = load_evaluation(new, trials, per_trial=True)
+    pub = load_ablation_sweep(published, trials, per_trial=True)
+    ours = load_ablation_sweep(new, trials, per_trial=True)
     # one record per cell: the new rankings from this script only (paired_tests refuses
     # a record held twice, as a run that already has them would give)
     recs = pd.concat([pub[~pub["method"].isin(NEW)], ours[ours["method"].isin(NEW)]],

@@ -85,7 +85,7 @@ def main() -> None:
     if more:
         extra = sweep(more, more_ks)
         table = pd.concat([table, extra[extra["method"] != "baseline"]], ignore_index=True)
-    records = lt.load_evaluation(out / "ablate", trials, per_trial=True)
+    records = lt.load_ablation_sweep(out / "ablate", trials, per_trial=True)
     paired = pd.concat([lt.paired_tests(records, a, b, k=k)
                         for group, group_ks in ((methods, ks), (list(more), more_ks))
                         for k in group_ks for a, b in _pairs(group)], ignore_index=True)

@@ -81,7 +81,7 @@ def main() -> None:
     table = pd.concat(cells, ignore_index=True)
     table["heads"] = table["method"].map(
         lambda m: " ".join(f"L{layer}H{head}" for layer, head in sets.get(m, [])))
-    records = lt.load_evaluation(out / "ablate", trials, per_trial=True)
+    records = lt.load_ablation_sweep(out / "ablate", trials, per_trial=True)
     tests = []
     for name, heads in sets.items():
         size = len(heads)

@@ -47,6 +47,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "compression_sweep": ("locos_tl.experiments.compress", "compression_sweep"),
     "corrupt_tokens": ("locos_tl.experiments.patching", "corrupt_tokens"),
     "DataFormatError": ("locos_tl.errors", "DataFormatError"),
+    "DecodeOptions": ("locos_tl.engine.options", "DecodeOptions"),
     "DecodeResult": ("locos_tl.engine.decode", "DecodeResult"),
     "DecodeStep": ("locos_tl.engine.decode", "DecodeStep"),
     "DETECTORS": ("locos_tl.detectors", "DETECTORS"),
@@ -59,7 +60,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "kv_budgets": ("locos_tl.experiments.compress", "kv_budgets"),
     "HeadScores": ("locos_tl.heads", "HeadScores"),
     "HeadSpecError": ("locos_tl.errors", "HeadSpecError"),
-    "load_evaluation": ("locos_tl.experiments.run_table", "load_evaluation"),
+    "load_ablation_sweep": ("locos_tl.experiments.run_table", "load_ablation_sweep"),
     "load_haystacks": ("locos_tl.data", "load_haystacks"),
     "load_head_scores": ("locos_tl.runs.rundir", "load_head_scores"),
     "load_model": ("locos_tl.models.load", "load_model"),
@@ -73,9 +74,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "parse_heads": ("locos_tl.head_spec", "parse_heads"),
     "passes_gate": ("locos_tl.engine.answers", "passes_gate"),
     "patch_heads": ("locos_tl.experiments.patching", "patch_heads"),
-    "phi_layer": ("locos_tl.engine.kernel", "phi_layer"),
+    "phi_from_model": ("locos_tl.engine.phi", "phi_from_model"),
+    "phi_from_pattern": ("locos_tl.engine.kernel", "phi_from_pattern"),
     "qrhead_heads": ("locos_tl.experiments.qrhead", "qrhead_heads"),
-    "phi_tensor": ("locos_tl.engine.phi", "phi_tensor"),
     "plot": ("locos_tl.plot", None),  # lt.plot.head_heatmap, ...
     "random_heads": ("locos_tl.engine.ablation", "random_heads"),
     "RayWorkers": ("locos_tl.runs.distributed.workers", "RayWorkers"),
@@ -83,6 +84,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "rougeL_f": ("locos_tl.engine.answers", "rougeL_f"),
     "save_trials": ("locos_tl.trials", "save_trials"),
     "score_methods": ("locos_tl.experiments.score", "score_methods"),
+    "ScoreOptions": ("locos_tl.runs.options", "ScoreOptions"),
     "score_trials": ("locos_tl.experiments.score", "score_trials"),
     "spatial_contrast": ("locos_tl.engine.kernel", "spatial_contrast"),
     "teacher_forced_sweep": ("locos_tl.experiments.teacher_forced", "teacher_forced_sweep"),
@@ -109,6 +111,7 @@ __all__ = [
     "compression_sweep",
     "corrupt_tokens",
     "DataFormatError",
+    "DecodeOptions",
     "DecodeResult",
     "DecodeStep",
     "DETECTORS",
@@ -120,7 +123,7 @@ __all__ = [
     "kv_budgets",
     "HeadScores",
     "HeadSpecError",
-    "load_evaluation",
+    "load_ablation_sweep",
     "load_haystacks",
     "load_head_scores",
     "load_model",
@@ -134,8 +137,8 @@ __all__ = [
     "parse_heads",
     "passes_gate",
     "patch_heads",
-    "phi_layer",
-    "phi_tensor",
+    "phi_from_model",
+    "phi_from_pattern",
     "plot",
     "qrhead_heads",
     "random_heads",
@@ -145,6 +148,7 @@ __all__ = [
     "save_trials",
     "score_methods",
     "score_trials",
+    "ScoreOptions",
     "spatial_contrast",
     "teacher_forced_sweep",
     "Trial",
@@ -195,8 +199,9 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.engine.ablation import AblationMeans, ablate, calibrate_means, random_heads
     from locos_tl.engine.answers import answer_steps, passes_gate, rouge1_recall, rougeL_f
     from locos_tl.engine.decode import DecodeResult, DecodeStep, greedy_decode
-    from locos_tl.engine.kernel import phi_layer, spatial_contrast
-    from locos_tl.engine.phi import phi_tensor
+    from locos_tl.engine.kernel import phi_from_pattern, spatial_contrast
+    from locos_tl.engine.options import DecodeOptions
+    from locos_tl.engine.phi import phi_from_model
     from locos_tl.errors import (
         DataFormatError,
         HeadSpecError,
@@ -211,7 +216,7 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.experiments.evaluate import evaluate as evaluate  # the renamed alias
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
     from locos_tl.experiments.qrhead import qrhead_heads
-    from locos_tl.experiments.run_table import load_evaluation
+    from locos_tl.experiments.run_table import load_ablation_sweep
     from locos_tl.experiments.score import score_methods, score_trials
     from locos_tl.experiments.stats import paired_tests
     from locos_tl.experiments.teacher_forced import teacher_forced_sweep
@@ -220,5 +225,6 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.models.load import load_model
     from locos_tl.runs.distributed.hosts import model_pool
     from locos_tl.runs.distributed.workers import RayWorkers
+    from locos_tl.runs.options import ScoreOptions
     from locos_tl.runs.rundir import load_head_scores
     from locos_tl.trials import Trial, load_trials, save_trials

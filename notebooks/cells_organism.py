@@ -121,13 +121,13 @@ the needle; red ones write it mostly from elsewhere."""),
         new_markdown_cell("""\
 ## One answer step up close
 
-`phi_tensor` gives $\\phi$ for every head and key position of one query. Here: the
+`phi_from_model` gives $\\phi$ for every head and key position of one query. Here: the
 last prompt position predicting the model's own answer token, drawn around the needle
 (`window`; hover for the tokens)."""),
         new_code_cell('''\
 res = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1)
 target = res.generated[0]
-phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
+phi, pattern = locos_tl.phi_from_model(model, t.tokens, target, return_pattern=True)
 print("model answers", repr(model.tokenizer.decode([target])), "| gold", repr(t.answer))
 s, e = t.needle_span
 plot.phi_explorer(phi, words, 0, needle_span=t.needle_span,
@@ -234,7 +234,7 @@ reads is the LANDMARK, not the NAME it writes: invisible to a copy score."""),
 def answer_step(task, head):
     t = results[task]["trials"][0]
     target = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1).generated[0]
-    phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
+    phi, pattern = locos_tl.phi_from_model(model, t.tokens, target, return_pattern=True)
     words = plot.token_labels(model.tokenizer, t.tokens)
     s, e = t.needle_span  # drawn around the needle (hover for the tokens)
     return plot.reads_vs_writes(pattern, phi, words, head, needle_span=t.needle_span,

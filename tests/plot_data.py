@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from locos_tl import HeadScores, Trial, greedy_decode, load_model, phi_tensor, score_methods
+from locos_tl import HeadScores, Trial, greedy_decode, load_model, phi_from_model, score_methods
 from locos_tl.models.tiny import make_tiny_checkpoint
 
 NEEDLE = "Actually, Yuki lives next to the Semper Opera House."
@@ -61,7 +61,7 @@ def build(tmp: Path, n_trials: int = 4) -> PlotData:
                            max_new_tokens=3, gate_threshold=-1.0, progress=False)
     t0 = trials[0]
     first = tok(t0.answer, add_special_tokens=False)["input_ids"][0]
-    phi, pattern = phi_tensor(model, t0.tokens, first, return_pattern=True)
+    phi, pattern = phi_from_model(model, t0.tokens, first, return_pattern=True)
     from locos_tl.plot import token_labels
 
     return PlotData(model=model, trials=trials, scores=scores, phi=phi, pattern=pattern,

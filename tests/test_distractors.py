@@ -219,7 +219,7 @@ def test_detection_drops_a_trial_whose_answer_names_a_distractor(qwen3, own_answ
 def test_ablation_sweep_records_the_name_margin_under_each_ablation(qwen3, items, tmp_path):
     """Default on for distractor trials: every cell gets a ``name_margin`` metric, the
     mean over trials of :func:`name_margin` run inside that cell's ablation; it comes
-    back from the records (``load_evaluation``) unchanged."""
+    back from the records (``load_ablation_sweep``) unchanged."""
     import numpy as np
 
     import locos_tl as lt
@@ -238,7 +238,7 @@ def test_ablation_sweep_records_the_name_margin_under_each_ablation(qwen3, items
     assert margin["baseline"] == pytest.approx(base, abs=1e-3)
     assert margin["locos"] == pytest.approx(ablated, abs=1e-3)
     assert {"contains", "contains_distractor", "target_only"} <= set(df.metric)
-    back = lt.load_evaluation(tmp_path / "abl", trials)
+    back = lt.load_ablation_sweep(tmp_path / "abl", trials)
     got = back[back.metric == "name_margin"].set_index("method")["value"]
     assert got.to_dict() == pytest.approx(margin.to_dict(), abs=1e-12)
     # a rerun on the same directory generates nothing and keeps the recorded margins

@@ -54,8 +54,12 @@ LAB_LOG_PROSE = [
 PROSE_ALLOWED = [
     r"\bno longer takes the name\b",  # what an ablated model does, not the project's past
 ]
-#: names the package renamed; the old ones still work, and the docs show the new ones
+#: names the package renamed or deprecated: the docs show the new ones
 DEPRECATED = {
+    r"\bload_evaluation\b": "load_ablation_sweep",
+    r"\bphi_layer\b": "phi_from_pattern",
+    r"\bphi_tensor\b": "phi_from_model",
+    r"\bcli/ablate_tf\.py\b": "cli/ablate_teacher_forced.py",
     r"(?<![\w.])(?:lt\.|locos_tl\.)?evaluate\(": "ablation_sweep(...)",
     r"\bray_address=": "workers=RayWorkers(n, address=...)",
     r"\bstop_at_newline\b": "stop_rule=",

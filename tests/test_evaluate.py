@@ -170,10 +170,10 @@ def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
 
 def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> None:
     """Calls on different grids grow one directory; ``evaluation.csv`` and
-    ``load_evaluation`` hold every cell, each equal to the call that made it, and a cell
+    ``load_ablation_sweep`` hold every cell, each equal to the call that made it, and a cell
     without every trial is left out (not averaged over fewer)."""
     from locos_tl.errors import LocosError
-    from locos_tl.experiments.run_table import load_evaluation, read_jobs
+    from locos_tl.experiments.run_table import load_ablation_sweep, read_jobs
 
     model, trials = planted
     kw = dict(mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
@@ -187,25 +187,25 @@ def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> 
     cols = ["method", "k", "seed", "metric"]
     made = (pd.concat([first, second]).drop_duplicates(cols).sort_values(cols)
             .drop(columns=["ci_low", "ci_high"]))  # the directory's table has no intervals
-    table = load_evaluation(tmp_path / "run", trials).sort_values(cols)
+    table = load_ablation_sweep(tmp_path / "run", trials).sort_values(cols)
     on_disk = pd.read_csv(tmp_path / "run" / "evaluation.csv").sort_values(cols)
     for got in (table, on_disk):  # the first call's k = 1 survives the second call
         pd.testing.assert_frame_equal(got.reset_index(drop=True), made.reset_index(drop=True),
                                       check_exact=got is table, rtol=1e-15)
-    per = load_evaluation(tmp_path / "run", trials, per_trial=True)
+    per = load_ablation_sweep(tmp_path / "run", trials, per_trial=True)
     assert len(per) == len(table) * len(trials)
     means = per.groupby(cols)["value"].mean().sort_index()
     assert means.to_numpy() == pytest.approx(
         table.set_index(cols)["value"].sort_index().to_numpy(), abs=1e-12)
     # a custom scorer reads the same records (responses are stored, not scores)
-    lens = load_evaluation(tmp_path / "run", trials, lambda r, t: {"chars": len(r)})
+    lens = load_ablation_sweep(tmp_path / "run", trials, lambda r, t: {"chars": len(r)})
     assert set(lens["metric"]) == {"chars"} and len(lens) == len(cells)
-    assert load_evaluation(tmp_path / "run", trials[:1])["n_trials"].eq(1).all()
+    assert load_ablation_sweep(tmp_path / "run", trials[:1])["n_trials"].eq(1).all()
     more = planted_trials(model.tokenizer, 3)  # a trial no generation covers
     with pytest.warns(UserWarning, match="no cell recorded"):
-        assert load_evaluation(tmp_path / "run", more).empty
+        assert load_ablation_sweep(tmp_path / "run", more).empty
     with pytest.raises(LocosError, match="no jobs.json"):
-        load_evaluation(tmp_path / "empty", trials)
+        load_ablation_sweep(tmp_path / "empty", trials)
 
 
 def test_a_cell_under_an_old_method_name_is_read_under_the_registered_one(planted,
@@ -213,7 +213,7 @@ def test_a_cell_under_an_old_method_name_is_read_under_the_registered_one(plante
     """The published runs call Wu's ranking ``wu_nolima`` in ``jobs.json``: read back,
     its cells are ``wu``'s, and a sweep of ``wu`` over that directory reuses their
     generations and writes the registered name."""
-    from locos_tl.experiments.run_table import load_evaluation, read_jobs
+    from locos_tl.experiments.run_table import load_ablation_sweep, read_jobs
 
     model, trials = planted
     run = tmp_path / "run"
@@ -225,7 +225,7 @@ def test_a_cell_under_an_old_method_name_is_read_under_the_registered_one(plante
     assert '"wu_nolima"' in path.read_text()
     assert [(j["method"], j["k"]) for j in read_jobs(run)] == [(BASELINE, 0), ("wu", 1)]
     cols = ["method", "k", "seed", "metric", "value", "n_trials"]
-    pd.testing.assert_frame_equal(load_evaluation(run, trials), first[cols])
+    pd.testing.assert_frame_equal(load_ablation_sweep(run, trials), first[cols])
     seen = []
     evaluate(model, trials, {"wu": [PLANTED, (0, 0)]}, k=(1,), **kw,
              on_resume=lambda n, total: seen.append((n, total)))
@@ -242,7 +242,7 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     is written; extend warns about the cells it leaves short; a custom scorer's numpy
     values give the same numbers in the table and the returned frame."""
     from locos_tl.errors import LocosError
-    from locos_tl.experiments.run_table import load_evaluation, read_jobs
+    from locos_tl.experiments.run_table import load_ablation_sweep, read_jobs
 
     model, trials = planted
     run = tmp_path / "run"
@@ -271,7 +271,7 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     with pytest.raises(LocosError, match="jobs.json is not a readable"):
         evaluate(model, trials, {"locos": b}, k=(2,), **kw)
     with pytest.raises(LocosError, match="jobs.json is not a readable"):
-        load_evaluation(run, trials)
+        load_ablation_sweep(run, trials)
     assert (run / "meta.json").read_text() == meta  # nothing rewritten
 
     grown = tmp_path / "grown"
@@ -286,7 +286,7 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
 
     own = evaluate(model, trials, {"locos": a}, k=(1,), scorer=f32,
                    **dict(kw, out_dir=tmp_path / "f32"))
-    table = load_evaluation(tmp_path / "f32", trials, f32)
+    table = load_ablation_sweep(tmp_path / "f32", trials, f32)
     assert own["value"].tolist() == table["value"].tolist()
 
     from locos_tl.experiments.run_table import AblationJob, record_jobs
@@ -376,7 +376,7 @@ def test_ablation_sweep_intervals_bracket_the_mean_and_are_reproducible(planted,
     """``ci``: each cell's percentile bootstrap interval over its trials (seed 0), the
     protocol's bootstrap on the per-trial records; the same on a rerun; ``None``: the
     table without interval columns."""
-    from locos_tl.experiments.run_table import load_evaluation
+    from locos_tl.experiments.run_table import load_ablation_sweep
     from locos_tl.experiments.stats import bootstrap_ci
 
     model, two = planted
@@ -395,7 +395,7 @@ def test_ablation_sweep_intervals_bracket_the_mean_and_are_reproducible(planted,
     assert (df["value"] <= df["ci_high"] + 1e-12).all()
     idx = df[df["metric"] == "idx"]
     assert (idx["ci_low"] < idx["value"]).all() and (idx["value"] < idx["ci_high"]).all()
-    per = load_evaluation(tmp_path, trials, scorer, per_trial=True)
+    per = load_ablation_sweep(tmp_path, trials, scorer, per_trial=True)
     for row in df.itertuples():
         v = per[(per["method"] == row.method) & (per["k"] == row.k)
                 & (per["seed"] == row.seed) & (per["metric"] == row.metric)]["value"]

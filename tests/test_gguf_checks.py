@@ -66,7 +66,7 @@ def test_file_loads_as_the_original_checkpoint(files, cache, name):
     from tolerances import assert_close_within, model_tol
     from transformers import AutoModelForCausalLM
 
-    from locos_tl.engine.phi import phi_tensor
+    from locos_tl.engine.phi import phi_from_model
 
     hf_dir, gguf_file = files[name]
     original = load_model(hf_dir, device="cpu")
@@ -81,8 +81,8 @@ def test_file_loads_as_the_original_checkpoint(files, cache, name):
     got = _logits(loaded, ids)
     assert_close_within(got, want, model_tol(original, want, n_tokens=96), "logits")
     target = int(want[-1].argmax())
-    phi_want = phi_tensor(original, ids[0], target)
-    phi_got = phi_tensor(loaded, ids[0], target)
+    phi_want = phi_from_model(original, ids[0], target)
+    phi_got = phi_from_model(loaded, ids[0], target)
     assert_close_within(phi_got, phi_want, model_tol(original, phi_want, n_tokens=96), "phi")
     record = json.loads((cache / "gguf").joinpath(
         next(p.name for p in (cache / "gguf").iterdir() if p.is_dir()),

@@ -17,7 +17,8 @@ from locos_tl.cli import app
 from locos_tl.detectors import get_detector
 from locos_tl.engine.ablation import calibrate_means
 from locos_tl.engine.decode import greedy_decode
-from locos_tl.engine.phi import phi_tensor
+from locos_tl.engine.options import DecodeOptions
+from locos_tl.engine.phi import phi_from_model
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import LocosError, NonFiniteError, TrialError
 from locos_tl.experiments.patching import patch_heads
@@ -243,22 +244,22 @@ def test_nan_phi_drops_trial(qwen3, own_answer_trials):
     trial = own_answer_trials[0]
     dets = [get_detector("locos"), get_detector("wu")]
     ok = run_trial(qwen3, trial, dets, directions=AnswerDirections(qwen3, "raw"),
-                   max_new_tokens=8)
+                   decode=DecodeOptions(max_new_tokens=8))
     assert ok["accepted"]
     with pytest.warns(RuntimeWarning, match="phi holds NaN"):
         rec = run_trial(qwen3, trial, dets, directions=_NanDirections(qwen3, "raw"),
-                        max_new_tokens=8)
+                        decode=DecodeOptions(max_new_tokens=8))
     assert rec["dropped"] == "non_finite" and rec["scores"] == {}
 
 
-def test_phi_tensor_raises_on_non_finite(qwen3, own_answer_trials, monkeypatch):
+def test_phi_from_model_raises_on_non_finite(qwen3, own_answer_trials, monkeypatch):
     import locos_tl.engine.phi as phi_mod
 
     tokens = own_answer_trials[0].tokens
-    assert torch.isfinite(phi_tensor(qwen3, tokens, 7)).all()
+    assert torch.isfinite(phi_from_model(qwen3, tokens, 7)).all()
     monkeypatch.setattr(phi_mod, "AnswerDirections", _NanDirections)
     with pytest.raises(NonFiniteError, match="phi holds .* NaN or inf"):
-        phi_tensor(qwen3, tokens, 7)
+        phi_from_model(qwen3, tokens, 7)
 
 
 def test_nan_per_trial_scores_not_counted():

@@ -3,7 +3,12 @@
 import pytest
 import torch
 
-from locos_tl.engine.kernel import head_value_directions, phi_layer, spatial_contrast, value_logits
+from locos_tl.engine.kernel import (
+    head_value_directions,
+    phi_from_pattern,
+    spatial_contrast,
+    value_logits,
+)
 
 
 def test_orthogonal_ov_gives_zero():
@@ -14,7 +19,7 @@ def test_orthogonal_ov_gives_zero():
     W_O[:, :, 1:] = torch.randn(2, d_head, d_model - 1)  # writes only orthogonal to u
     v = torch.randn(5, 1, d_head)
     pattern = torch.softmax(torch.randn(2, 5), -1)
-    assert torch.equal(phi_layer(pattern, v, W_O, u), torch.zeros(2, 5))
+    assert torch.equal(phi_from_pattern(pattern, v, W_O, u), torch.zeros(2, 5))
 
 
 def test_phi_matches_definition_by_hand():
@@ -24,7 +29,7 @@ def test_phi_matches_definition_by_hand():
     v = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]], [[1.0, 1.0]]])  # [pos=3, kv=1, d=2]
     pattern = torch.tensor([[0.5, 0.25, 0.25]])
     expected = torch.tensor([[0.5 * 1.0, 0.25 * 2.0, 0.25 * 3.0]])
-    torch.testing.assert_close(phi_layer(pattern, v, W_O, u), expected)
+    torch.testing.assert_close(phi_from_pattern(pattern, v, W_O, u), expected)
 
 
 def test_gqa_grouping_reads_the_right_kv_head():

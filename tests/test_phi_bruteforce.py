@@ -1,10 +1,10 @@
-"""phi_tensor against independent computations from TransformerLens's cache."""
+"""phi_from_model against independent computations from TransformerLens's cache."""
 
 import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl import phi_tensor
+from locos_tl import phi_from_model
 
 
 def _cache(model, tokens):
@@ -39,7 +39,7 @@ def test_raw_phi_matches_brute_force(tiny_models, arch):
     tokens = torch.randint(1, int(model.cfg.d_vocab) - 1, (23,), generator=g).tolist()
     y = 17
     for q in (22, 15):  # last position and an inner query position
-        phi = phi_tensor(model, tokens, y, query_pos=q)
+        phi = phi_from_model(model, tokens, y, query_pos=q)
         cache = _cache(model, tokens[: q + 1])
         ref = _brute_phi(model, cache, q, y, lambda l: model.W_U[:, y])
         assert phi.shape == (model.cfg.n_layers, model.cfg.n_heads, q + 1)
@@ -57,7 +57,7 @@ def test_exact_phi_sums_to_direct_logit_attribution(tiny_models, arch):
     g = torch.Generator().manual_seed(1)
     tokens = torch.randint(1, int(model.cfg.d_vocab) - 1, (19,), generator=g).tolist()
     y = 42
-    phi = phi_tensor(model, tokens, y, variant="exact")
+    phi = phi_from_model(model, tokens, y, variant="exact")
     cache = _cache(model, tokens)
     offset = 1.0 if getattr(model.cfg, "rmsnorm_uses_offset", False) else 0.0
     gain_final = model.ln_final.original_component.weight + offset
@@ -75,7 +75,7 @@ def test_exact_phi_sums_to_direct_logit_attribution(tiny_models, arch):
     tol = model_tol(model, phi.abs().sum(-1), n_tokens=len(tokens), reads=4)
     assert_close_within(phi.sum(-1), dla, tol, "sum_j phi_exact vs DLA")
     if hasattr(model.blocks[0], "ln1_post"):  # the correction matters for these models
-        raw = phi_tensor(model, tokens, y, variant="raw")
+        raw = phi_from_model(model, tokens, y, variant="raw")
         assert (raw.sum(-1) - dla).abs().max().item() > 10 * tol
 
 
@@ -87,7 +87,7 @@ def test_exact_dla_sums_with_rest_to_the_logit(tiny_models):
     model = tiny_models("gemma3")
     tokens = list(range(3, 20))
     y = 9
-    phi = phi_tensor(model, tokens, y, variant="exact")
+    phi = phi_from_model(model, tokens, y, variant="exact")
     with torch.no_grad():
         logits, cache = model.run_with_cache(
             torch.tensor([tokens]),

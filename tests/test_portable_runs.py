@@ -271,7 +271,7 @@ def _rebuilt_cells(sweep: Path, table: str, trials: list):
     """The published cells of ``sweep/table`` beside the ones its records give now."""
     import locos_tl as lt
 
-    got = lt.load_evaluation(sweep / "ablate", trials)
+    got = lt.load_ablation_sweep(sweep / "ablate", trials)
     want = _published_table(sweep / table)
     cells = ["method", "k", "seed"]
     both = want.merge(got, on=[*cells, "metric"], suffixes=("", "_got"))
@@ -289,7 +289,7 @@ def _check_paired(sweep: Path, trials: list) -> int:
 
     import locos_tl as lt
 
-    records = lt.load_evaluation(sweep / "ablate", trials, per_trial=True)
+    records = lt.load_ablation_sweep(sweep / "ablate", trials, per_trial=True)
     paired = _published_table(sweep / "paired.csv")
     for row in paired.itertuples():
         again = lt.paired_tests(records, row.method, row.against, k=row.k).iloc[0]

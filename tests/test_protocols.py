@@ -1,7 +1,7 @@
 """Per-method protocols: spans, HeadKV's two forms, acceptance.
 
 Values are checked against independent recomputations: attention rows and phi from a
-full forward (``phi_tensor``, no KV cache, no prefill twin) and hand-built rows.
+full forward (``phi_from_model``, no KV cache, no prefill twin) and hand-built rows.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl import Trial, phi_tensor, score_methods, score_trials
+from locos_tl import Trial, phi_from_model, score_methods, score_trials
 from locos_tl.acceptance import acceptance_counts, method_accepted
 from locos_tl.data.packaged import book_path, niah_probes_path
 from locos_tl.detectors import DETECTORS, HeadKV, HeadKVAnchor, TrialOutcome, get_detector
@@ -63,7 +63,7 @@ def scored_niah(qwen3, niah):
 
 
 def _rows(model, ctx, q, target):
-    phi, pat = phi_tensor(model, ctx, target, query_pos=q, return_pattern=True)
+    phi, pat = phi_from_model(model, ctx, target, query_pos=q, return_pattern=True)
     return phi.double(), pat.double()
 
 

@@ -144,7 +144,7 @@ class Real:
     @cached_property
     def greedy(self) -> Any:
         """Greedy decoding of the main prompt; step 0's exact phi is kept (the answer
-        token is the argmax, so it is ``phi_tensor(..., generated[0], "exact")``)."""
+        token is the argmax, so it is ``phi_from_model(..., generated[0], "exact")``)."""
         from locos_tl.engine.decode import greedy_decode
         from locos_tl.engine.unembed import AnswerDirections
 
@@ -191,13 +191,13 @@ class Real:
         return self.greedy.generated[0]
 
     def phi(self, variant: str) -> torch.Tensor:
-        """Bridge phi of the answer token at the last prompt position: ``phi_tensor`` for
+        """Bridge phi of the answer token at the last prompt position: ``phi_from_model`` for
         raw, the greedy decode's step 0 for exact (one prefill fewer)."""
-        from locos_tl import phi_tensor
+        from locos_tl import phi_from_model
 
         y = self.answer_token  # decodes first: fills self._phi["exact"]
         if variant not in self._phi:
-            self._phi[variant] = phi_tensor(self.bridge, self.main.tokens, y,
+            self._phi[variant] = phi_from_model(self.bridge, self.main.tokens, y,
                                             variant=variant).detach()
         return self._phi[variant]
 
@@ -341,6 +341,7 @@ def test_batched_scoring_equals_batch_size_1(real, record_property):
     each gets alone: same tokens, response, gate, answer steps; every detector's scores
     and step values within the tolerance."""
     from locos_tl.detectors import DETECTORS, get_detector
+    from locos_tl.engine.options import DecodeOptions
     from locos_tl.engine.unembed import AnswerDirections
     from locos_tl.runs.batch import batch_fallback_reason, run_trials_batched
     from locos_tl.runs.runner import run_trial
@@ -356,9 +357,10 @@ def test_batched_scoring_equals_batch_size_1(real, record_property):
     assert trials[0].n_tokens != trials[1].n_tokens
     detectors = [get_detector(m) for m in DETECTORS]
     dirs = AnswerDirections(model, "exact")
-    ref = [run_trial(model, t, detectors, directions=dirs, max_new_tokens=4) for t in trials]
+    decode = DecodeOptions(max_new_tokens=4)
+    ref = [run_trial(model, t, detectors, directions=dirs, decode=decode) for t in trials]
     got = run_trials_batched(model, trials, detectors, directions=dirs, batch_size=2,
-                             max_new_tokens=4)
+                             decode=decode)
     worst = max(same_record(a, b, real.tol) for a, b in zip(ref, got, strict=True))
     record_property("batch_max_abs_diff", worst)
     record_property("responses", [r["response"] for r in ref])

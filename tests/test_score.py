@@ -7,7 +7,7 @@ import torch
 from tolerances import assert_close_within, model_tol
 
 import locos_tl.experiments.score as score_mod
-from locos_tl import LocosError, Trial, TrialError, phi_tensor, score_methods, score_trials
+from locos_tl import LocosError, Trial, TrialError, phi_from_model, score_methods, score_trials
 from locos_tl.engine.decode import greedy_decode
 
 
@@ -34,7 +34,7 @@ def test_locos_equals_independent_recomputation(qwen3, trials):
         contrasts = []
         for st in steps:
             ctx = list(t.tokens) + res.generated[:st]
-            phi = phi_tensor(qwen3, ctx, res.generated[st])
+            phi = phi_from_model(qwen3, ctx, res.generated[st])
             scale, n_max = max(scale, float(phi.abs().sum(-1).max())), max(n_max, len(ctx))
             n, N = e - s, len(ctx)
             plus = phi[..., s:e].sum(-1)
@@ -137,7 +137,7 @@ def test_bad_inputs_fail_before_any_work(qwen3, trials, monkeypatch):
         score_trials(qwen3, trials, variant="approx")
     with pytest.raises(ValueError, match="no trials to score"):
         score_trials(qwen3, [])
-    with pytest.raises(ValueError, match="max_new_tokens must be >= 1"):
+    with pytest.raises(ValueError, match="max_new_tokens must be an integer >= 1"):
         score_trials(qwen3, trials, max_new_tokens=0)
 
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl import Trial, phi_tensor
+from locos_tl import Trial, phi_from_model
 from locos_tl.engine.answers import answer_steps
 from locos_tl.engine.decode import DecodeStep, greedy_decode
 from locos_tl.engine.unembed import AnswerDirections
@@ -115,7 +115,7 @@ def test_phi_matches_hf_eager_past_the_window(sliding, arch):
     y = 17
     lay = SLIDING[arch]
     for q in (N_PROMPT - 1, 30):
-        phi, pattern = phi_tensor(model, tokens, y, query_pos=q, return_pattern=True)
+        phi, pattern = phi_from_model(model, tokens, y, query_pos=q, return_pattern=True)
         rows, values, _ = _hf_last_query(hf, tokens[: q + 1])
         ref = _brute_phi(hf, rows, values, y)
         _check_phi(model, pattern, phi, rows, ref, q + 1)
@@ -162,7 +162,7 @@ def test_exact_phi_sums_to_dla_past_the_window(sliding, arch):
     model, hf = sliding[arch]
     tokens = _prompt(int(model.cfg.d_vocab), seed=5)
     y = 42
-    phi = phi_tensor(model, tokens, y, variant="exact")
+    phi = phi_from_model(model, tokens, y, variant="exact")
     cfg = hf.config
     H, d = cfg.num_attention_heads, cfg.head_dim
     z_in: dict[int, torch.Tensor] = {}

@@ -219,7 +219,7 @@ def published_onehop():
     from locos_tl.data.prompt import PromptBuilder
     from locos_tl.experiments.protocol.common import EVAL_DEPTHS, EVAL_SEED, _names
     from locos_tl.experiments.protocol.stages import needle_sets
-    from locos_tl.experiments.run_table import load_evaluation
+    from locos_tl.experiments.run_table import load_ablation_sweep
     from locos_tl.models.zoo import ELICITED_MODELS
 
     args = Namespace(**json.loads((PUBLISHED / "args.json").read_text()))
@@ -234,7 +234,7 @@ def published_onehop():
                                  chat_template=args.template == "chat", seed=EVAL_SEED,
                                  builder=PromptBuilder(tok), template="default",
                                  distractors=args.distractors)
-    return load_evaluation(PUBLISHED / "ablate" / "onehop_1000", trials, per_trial=True)
+    return load_ablation_sweep(PUBLISHED / "ablate" / "onehop_1000", trials, per_trial=True)
 
 
 def test_paired_tests_reproduce_the_published_paired_csv(published_onehop):

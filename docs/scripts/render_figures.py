@@ -78,7 +78,7 @@ def organism_figures(only: set[str] | None = None) -> dict[str, Any]:
     cri = locos_tl.patch_heads(model, evals["nonliteral"][:8], max_new_tokens=4)
     t = detect[0]
     target = locos_tl.greedy_decode(model, t.tokens, max_new_tokens=1).generated[0]
-    phi, pattern = locos_tl.phi_tensor(model, t.tokens, target, return_pattern=True)
+    phi, pattern = locos_tl.phi_from_model(model, t.tokens, target, return_pattern=True)
     words = plot.token_labels(model.tokenizer, t.tokens)
     tgt = model.tokenizer.decode([target])
     (top,) = s["locos"].top_k(1)

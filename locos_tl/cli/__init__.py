@@ -49,7 +49,7 @@ app = typer.Typer(
 
 # Sub-modules register commands on `app` when imported (one module per command group).
 from locos_tl.cli import ablate as _ablate  # noqa: E402,F401
-from locos_tl.cli import ablate_tf as _ablate_tf  # noqa: E402,F401
+from locos_tl.cli import ablate_teacher_forced as _ablate_teacher_forced  # noqa: E402,F401
 from locos_tl.cli import compress as _compress  # noqa: E402,F401
 from locos_tl.cli import demo as _demo  # noqa: E402,F401
 from locos_tl.cli import elicit as _elicit  # noqa: E402,F401

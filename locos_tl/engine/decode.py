@@ -55,8 +55,9 @@ from locos_tl.engine.forward import (
     step_engine,
     step_values,
 )
-from locos_tl.engine.greedy import check_max_new_tokens, greedy_loop
-from locos_tl.engine.kernel import phi_layer
+from locos_tl.engine.greedy import greedy_loop
+from locos_tl.engine.kernel import phi_from_pattern
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.engine.prefix import PromptPrefix, prefill_from, trace_step
 from locos_tl.engine.stops import (
     STOP_RULES,
@@ -138,8 +139,8 @@ class DecodeStep:
             # under a device_map split each layer's values and W_O live on that layer's
             # device: compute there, gather the [n_heads, pos] result on pattern's device
             dev = v.device
-            phi = phi_layer(self.pattern[layer].to(dev), v, self._W_O[layer].to(dev),
-                            u[layer].to(dev))
+            phi = phi_from_pattern(self.pattern[layer].to(dev), v,
+                                   self._W_O[layer].to(dev), u[layer].to(dev))
             out.append(phi.to(self.pattern.device))
         return torch.stack(out)
 
@@ -177,8 +178,8 @@ def _phi_all_layers(
 
     ``kv[l]`` is the layer's ``[n_kv, K_l, d_head]`` values of its last ``K_l`` keys (a
     view of the KV cache, never copied); products run in the values' dtype (float32
-    accumulation), as :func:`locos_tl.engine.kernel.phi_layer` in float32. A layer whose
-    window is shorter than the row is zero before it, as its pattern is.
+    accumulation), as :func:`locos_tl.engine.kernel.phi_from_pattern` in float32. A layer
+    whose window is shorter than the row is zero before it, as its pattern is.
     """
     L, H, n = pattern.shape
     vws = []
@@ -240,46 +241,40 @@ def _assemble(
 def greedy_decode(
     model: Any,
     tokens: Any,  # Sequence[int] | Tensor; checked by prompt_ids (clear TrialError)
+    options: DecodeOptions | None = None,
     *,
-    max_new_tokens: int = 50,
     on_step: Callable[[DecodeStep], None] | None = None,
     directions: AnswerDirections | None = None,
-    stop_at_newline: bool | None = None,
-    stop_at_eos: bool = True,
-    prefill_mode: str = "auto",
-    chunk_size: int | None = None,
     forced_tokens: Sequence[int] | None = None,
-    stop_rule: StopRule = "newline_token",
-    thinking: bool = True,
     prompt_window: int = 0,
     on_prompt_rows: Callable[[int, Tensor], None] | None = None,
-    decode_engine: DecodeEngine = "auto",
     score_continuations: Sequence[Sequence[int]] | None = None,
     prefix: PromptPrefix | None = None,
+    stop_at_newline: bool | None = None,
+    **decode: Any,
 ) -> DecodeResult:
     """Free greedy decoding, calling ``on_step`` at every step.
 
     Args:
         model: a TransformerBridge (batch size 1).
         tokens: prompt ids, length ``N >= 1``.
-        max_new_tokens: at most this many generated tokens.
-        on_step: called with a :class:`DecodeStep` (pattern rows, values, ``y_t``) per step.
-        directions: answer directions for ``DecodeStep.phi``; needed only by phi users.
-        stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
-            (:func:`locos_tl.engine.stops.legacy_stop_rule`).
-        stop_at_eos: stop after an end-of-sequence token.
-        prefill_mode, chunk_size: see :func:`prefill`.
-        forced_tokens: teacher forcing: step ``t`` takes ``forced_tokens[t]`` instead of
-            the argmax (decoding ends when they run out).
-        stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
-            newline token stops), ``"contains_newline"`` (any token containing a
-            newline) or ``"none"`` (no newline stops: multi-line answers); see
-            :func:`is_newline_stop`.
-        thinking: skip a ``<think> ... </think>`` block (Qwen3 style, tokens found by
-            text, :func:`locos_tl.engine.answers.think_token_ids`; a block left open by the
+        options: how to decode (:class:`~locos_tl.engine.options.DecodeOptions`:
+            ``max_new_tokens``, ``stop_rule``, ``thinking``, ``stop_at_eos``,
+            ``prefill_mode``, ``chunk_size``, ``decode_engine``); None: the defaults.
+        **decode: any field of :class:`~locos_tl.engine.options.DecodeOptions` as a
+            keyword (``max_new_tokens=8``, ``stop_rule="none"``, ...), overriding
+            ``options``. ``thinking=True`` (default) skips a ``<think> ... </think>``
+            block (Qwen3 style, tokens found by text,
+            :func:`locos_tl.engine.answers.think_token_ids`; a block left open by the
             prompt counts): newlines inside it and whitespace-only tokens right after
             it never stop, and its text is kept out of the response (docs/concepts.md,
-            authors' release). ``False``: thinking tokens are ordinary tokens.
+            authors' release); ``False``: thinking tokens are ordinary tokens.
+        on_step: called with a :class:`DecodeStep` (pattern rows, values, ``y_t``) per step.
+        directions: answer directions for ``DecodeStep.phi``; needed only by phi users.
+        forced_tokens: teacher forcing: step ``t`` takes ``forced_tokens[t]`` instead of
+            the argmax (decoding ends when they run out).
+        stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
+            (:func:`locos_tl.engine.stops.legacy_stop_rule`).
         prompt_window: with ``on_prompt_rows``, read the attention rows of the last
             ``prompt_window`` prompt positions (the HeadKV anchor variant): see
             :func:`prefill_with_rows`. The row of the last prompt position is step 0's
@@ -313,17 +308,22 @@ def greedy_decode(
         token and thinking excluded, stripped), and where the response starts.
 
     Raises:
-        ValueError: unknown ``stop_rule`` or ``decode_engine``; ``"twin"`` impossible;
-            ``stop_at_newline=False`` beside ``stop_rule="contains_newline"``.
-        ValueError: ``max_new_tokens`` is not an integer >= 1.
+        TypeError: a keyword that is neither an argument nor a field of
+            :class:`~locos_tl.engine.options.DecodeOptions` (a near miss is named).
+        ValueError: unknown ``stop_rule``, ``prefill_mode`` or ``decode_engine``;
+            ``"twin"`` impossible; ``stop_at_newline=False`` beside
+            ``stop_rule="contains_newline"``; ``max_new_tokens`` not an integer >= 1.
         TrialError: ``tokens`` is not a sequence or tensor of integer ids (a string, a
             float: the message says which); empty prompt; prompt + ``max_new_tokens``
             (or + a continuation) longer than ``n_ctx``; an empty continuation.
         NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
-    stop_rule = legacy_stop_rule(stop_rule, stop_at_newline, "greedy_decode")
+    if stop_at_newline is not None:
+        rule = decode.get("stop_rule", (options or DecodeOptions()).stop_rule)
+        decode["stop_rule"] = legacy_stop_rule(rule, stop_at_newline, "greedy_decode")
+    opts = DecodeOptions.from_kwargs(options, where="greedy_decode", **decode)
+    max_new_tokens, chunk_size = opts.max_new_tokens, opts.chunk_size
     ids = prompt_ids(tokens)
-    check_max_new_tokens(max_new_tokens)
     N = ids.shape[1]
     if N == 0:
         raise TrialError("empty prompt")
@@ -333,12 +333,12 @@ def greedy_decode(
             f"prompt of {N} tokens + {max_new_tokens} new tokens exceeds the model's "
             f"context n_ctx={n_ctx}"
         )
-    rules = StopRules.of(model, stop_rule, thinking, stop_at_eos=stop_at_eos)
+    rules = StopRules.of(model, opts.stop_rule, opts.thinking, stop_at_eos=opts.stop_at_eos)
     ids = ids.to(next(hf_model(model).parameters()).device)
-    eng = step_engine(model, decode_engine, rows=on_step is not None)
+    eng = step_engine(model, opts.decode_engine, rows=on_step is not None)
     with torch.no_grad():
         cache = None
-        if prefix is not None and on_prompt_rows is None and prefill_mode == "auto":
+        if prefix is not None and on_prompt_rows is None and opts.prefill_mode == "auto":
             cache = prefill_from(model, prefix, ids[:, :-1], chunk_size=chunk_size)
         # the prompt came from the prefix: steps that generate the unablated tokens can
         # start at the lowest ablated layer too (prefix.trace)
@@ -348,7 +348,7 @@ def greedy_decode(
             cache = prefill_with_rows(
                 model, ids[:, :-1],
                 min(max(prompt_window - 1, 0), N - 1) if on_prompt_rows is not None else 0,
-                on_prompt_rows, mode=prefill_mode, chunk_size=chunk_size)
+                on_prompt_rows, mode=opts.prefill_mode, chunk_size=chunk_size)
         scored = (cached_continuation_logprobs(model, eng, cache, ids[0, -1],
                                                score_continuations)
                   if score_continuations is not None else None)

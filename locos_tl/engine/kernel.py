@@ -60,13 +60,15 @@ def value_logits(
     return rearrange(out, "kv group pos -> (kv group) pos")
 
 
-def phi_layer(
+def phi_from_pattern(
     pattern: Float[Tensor, "n_heads pos"],
     v: Float[Tensor, "pos n_kv_heads d_head"],
     W_O: Float[Tensor, "n_heads d_head d_model"],
     u: Float[Tensor, " d_model"],
 ) -> Float[Tensor, "n_heads pos"]:
-    """LOCOS per-position logit contributions of one layer's heads for one query (Eq. 2).
+    """LOCOS per-position logit contributions of one layer's heads for one query (Eq. 2),
+    from the query's attention row and the values (no model: the forward pass that gives
+    them is :func:`locos_tl.engine.phi.phi_from_model`'s or the decoder's).
 
     Args:
         pattern: attention row of the query, ``hook_pattern[b, :, q, :]``; probability.

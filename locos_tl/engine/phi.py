@@ -1,4 +1,8 @@
-"""``phi_tensor``: the position-by-head LOCOS contributions of one query, for exploration."""
+"""``phi_from_model``: the position-by-head LOCOS contributions of one query, for exploration.
+
+It runs the model (one forward of the prompt and one forced step); the kernel it applies
+to each layer's attention row and values is :func:`locos_tl.engine.kernel.phi_from_pattern`.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import NonFiniteError, TrialError
 
 
-def phi_tensor(
+def phi_from_model(
     model: Any,
     tokens: Sequence[int] | Tensor,
     target_token: int,

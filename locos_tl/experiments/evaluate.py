@@ -11,7 +11,8 @@ with the drop on parametric / arithmetic prompts: :func:`dissociation_score`.
 Runs are resumable: every (head set, trial) generation is one JSON line in
 ``out_dir/trials.jsonl``; identical head sets (across methods or k) are generated once.
 ``out_dir/jobs.json`` keeps every cell any call asked for, so a directory grown by calls
-on different grids reads back as one table (:func:`locos_tl.experiments.run_table.load_evaluation`).
+on different grids reads back as one table
+(:func:`locos_tl.experiments.run_table.load_ablation_sweep`).
 """
 
 from __future__ import annotations
@@ -149,8 +150,8 @@ def ablation_sweep(
         out_dir: run directory (``trials.jsonl`` generations, ``meta.json`` provenance,
             ``jobs.json`` cells, ``evaluation.csv``); a rerun with the same settings
             skips finished work. ``evaluation.csv`` is the directory's table
-            (:func:`locos_tl.experiments.run_table.load_evaluation`): this call's cells and those of
-            earlier calls whose generations cover ``trials``.
+            (:func:`locos_tl.experiments.run_table.load_ablation_sweep`): this call's cells
+            and those of earlier calls whose generations cover ``trials``.
         max_new_tokens: greedy decoding budget.
         chunk_size: prefill query chunk (memory ``O(chunk_size x N)`` per layer).
         stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
@@ -366,7 +367,7 @@ def ablation_sweep(
     bar.close()
 
     per_trial = {t.trial_id: t for t in trials}
-    metric_cache: dict[tuple[str, str], dict[str, float]] = {  # floats, as load_evaluation
+    metric_cache: dict[tuple[str, str], dict[str, float]] = {  # floats, as load_ablation_sweep
         kt: {m: float(v) for m, v in score_fn(resp, per_trial[kt[1]]).items()}
         for kt, resp in responses.items()
     }

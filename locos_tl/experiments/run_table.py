@@ -4,7 +4,7 @@
 ``trials.jsonl`` and, in ``jobs.json``, every sweep cell (method, k, seed -> head set)
 that any call on the directory asked for. Sweeps grow: a first call at k = 5 and 10, a
 second at k = 20 with more random seeds, a third that extends the run to 60 trials
-(``extend=True``). :func:`load_evaluation` reads the whole directory back as one table,
+(``extend=True``). :func:`load_ablation_sweep` reads the whole directory back as one table,
 so no call's cells are lost to a later call on a smaller grid; a cell whose generations
 do not cover every trial (a sweep still running, a run grown after it) is left out, never
 averaged over fewer trials.
@@ -138,7 +138,7 @@ def record_jobs(out_dir: str | Path, jobs: Sequence[AblationJob], *,
     return dropped
 
 
-def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "nolima", *,
+def load_ablation_sweep(out_dir: str | Path, trials: Any, scorer: str | Scorer = "nolima", *,
                     per_trial: bool = False) -> pd.DataFrame:
     """Every cell an ablation run directory holds, scored on ``trials`` from its records.
 
@@ -168,7 +168,7 @@ def load_evaluation(out_dir: str | Path, trials: Any, scorer: str | Scorer = "no
         TrialError: ``trials`` is one bare Trial or holds a non-Trial.
         ValueError: unknown scorer.
     """
-    trials = as_trial_list(trials, "load_evaluation")
+    trials = as_trial_list(trials, "load_ablation_sweep")
     jobs = read_jobs(out_dir)
     if not jobs:
         raise LocosError(
@@ -187,7 +187,7 @@ def directory_table(out_dir: str | Path | None, trials: list[Trial], score_fn: S
                     jobs: list[dict[str, Any]], *, per_trial: bool = False,
                     known: Mapping[tuple[str, str], dict[str, float]] | None = None,
                     ) -> pd.DataFrame:
-    """:func:`load_evaluation` on the cells ``jobs`` (dicts as :func:`job_cell` makes);
+    """:func:`load_ablation_sweep` on the cells ``jobs`` (dicts as :func:`job_cell` makes);
     ``known`` holds scores already computed ((head-set key, trial id) -> {metric:
     value}), so a record is scored once. ``out_dir`` None: the table of ``known`` alone
     (``evaluate`` without a run directory)."""

@@ -16,7 +16,7 @@ import pandas as pd
 
 from locos_tl.head_spec import check_confidence
 
-#: the columns :func:`paired_tests` needs (``load_evaluation(..., per_trial=True)``)
+#: the columns :func:`paired_tests` needs (``load_ablation_sweep(..., per_trial=True)``)
 RECORD_COLUMNS = ("method", "k", "seed", "trial", "metric", "value")
 #: what identifies one record: a sweep holds each at most once
 RECORD_KEY = ["trial", "method", "k", "seed", "metric"]
@@ -141,7 +141,7 @@ def _check_same_trials(cols: dict[tuple[str, Any], pd.Index], a: str, b: str, k:
         raise ValueError(
             f"paired_tests: at k={k} the {metric!r} records of {a!r} and {b!r} are not "
             f"over the same trials: {what}. Pair sweeps over one trial list "
-            "(load_evaluation keeps the cells complete on the trials it is given), or "
+            "(load_ablation_sweep keeps the cells complete on the trials it is given), or "
             "select the trials both hold yourself")
 
 
@@ -228,7 +228,7 @@ def paired_tests(records: pd.DataFrame, a: str, b: str, *,
 
     Args:
         records: per-trial scores, columns ``method, k, seed, trial, metric, value``
-            (:func:`locos_tl.load_evaluation` with ``per_trial=True``), one row per
+            (:func:`locos_tl.load_ablation_sweep` with ``per_trial=True``), one row per
             (trial, method, k, seed, metric); metrics ``contains`` (0 or 1) and,
             optionally, ``name_margin`` (nats).
         a: a method (ranking) name in ``records``, e.g. ``"locos"``.
@@ -253,13 +253,13 @@ def paired_tests(records: pd.DataFrame, a: str, b: str, *,
             the same trials (the message names the trials each lacks).
 
     Example:
-        >>> recs = load_evaluation("runs/ablate", trials, per_trial=True)  # doctest: +SKIP
+        >>> recs = load_ablation_sweep("runs/ablate", trials, per_trial=True)  # doctest: +SKIP
         >>> paired_tests(recs, "locos", "random", k=5)  # doctest: +SKIP
     """
     missing = [c for c in RECORD_COLUMNS if c not in records.columns]
     if missing:
         raise ValueError(f"paired_tests: records lack column(s) {missing}; pass per-trial "
-                         "records (load_evaluation(..., per_trial=True))")
+                         "records (load_ablation_sweep(..., per_trial=True))")
     methods = set(records["method"])
     for name in (a, b):
         if name not in methods:

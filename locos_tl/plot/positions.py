@@ -75,7 +75,7 @@ def phi_explorer(
     positions labelled with their token strings; the needle span is shaded.
 
     Args:
-        phi: ``[n_layers, n_heads, pos]``, e.g. :func:`locos_tl.phi_tensor` or
+        phi: ``[n_layers, n_heads, pos]``, e.g. :func:`locos_tl.phi_from_model` or
             ``DecodeStep.phi``.
         tokens: token strings of the ``pos`` key positions (:func:`token_labels`).
         step: the answer step index ``t`` (shown in the title).

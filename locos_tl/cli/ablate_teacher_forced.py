@@ -39,7 +39,7 @@ from locos_tl.errors import LocosError
 
 @app.command("ablate-tf", short_help="Ablate each ranking's top-k heads; score the answer's "
              "log-probability and name margin teacher forced, with no decoding.")
-def ablate_tf(
+def ablate_teacher_forced(
     ctx: ClickContext,
     model: Annotated[str, typer.Option(help="Hub name, local HF model directory, .gguf "
                                             "file or zoo name.")],
