@@ -93,8 +93,8 @@ def main() -> None:
             answer = lt.greedy_decode(model, tokens, max_new_tokens=args.new).text
             trials.append(lt.Trial(tokens=tokens, needle_span=(n // 2, n // 2 + 8),
                                    answer=answer if answer.strip() else "x", meta={"i": i}))
-    spec = ScoreSpec(methods=("locos",), variant="raw", max_new_tokens=args.new,
-                     gate_threshold=-1.0)  # gate off: every trial does the same work
+    spec = ScoreSpec(methods=("locos",), variant="raw", gate_threshold=-1.0,  # gate off:
+                     decode=lt.DecodeOptions(max_new_tokens=args.new))  # same work a trial
     tasks = [ScoreTask(spec, t) for t in trials]
     print(f"model: {label}; {len(trials)} trials x {n} tokens, {args.new} new tokens; "
           f"{os.cpu_count()} CPUs")

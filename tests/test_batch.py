@@ -23,12 +23,14 @@ from tolerances import assert_close_within, model_tol
 from locos_tl import Trial
 from locos_tl.detectors import DETECTORS, get_detector
 from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.models.tiny import SHORT_WINDOWS
 from locos_tl.runs.batch import batch_fallback_reason, run_trials_batched
 from locos_tl.runs.runner import run_trial
 
 NEW = 10
+DECODE = DecodeOptions(max_new_tokens=NEW)
 LENGTHS = (5, 12, 25, 40, 31, 18, 55, 23)
 
 
@@ -84,11 +86,11 @@ def test_batched_records_equal_batch_size_1(windowed, arch):
     trials = mixed_trials(model)
     detectors = [get_detector(m) for m in DETECTORS]
     dirs = AnswerDirections(model, "exact")  # norm scales read in the batch too
-    ref = [run_trial(model, t, detectors, directions=dirs, max_new_tokens=NEW)
+    ref = [run_trial(model, t, detectors, directions=dirs, decode=DECODE)
            for t in trials]
     seen: list[int] = []
     got = run_trials_batched(model, trials, detectors, directions=dirs, batch_size=8,
-                             max_new_tokens=NEW, on_record=lambda i, r: seen.append(i))
+                             decode=DECODE, on_record=lambda i, r: seen.append(i))
     n = max(t.n_tokens for t in trials) + NEW
     for a, b in zip(ref, got, strict=True):
         assert_same_record(model, a, b, n)
@@ -111,12 +113,12 @@ def test_early_stopper_alone_and_in_a_batch(windowed):
     trials = mixed_trials(model)
     det = [get_detector("locos")]
     dirs = AnswerDirections(model, "raw")
-    ref = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW) for t in trials]
+    ref = [run_trial(model, t, det, directions=dirs, decode=DECODE) for t in trials]
     short = min(range(len(trials)), key=lambda i: len(ref[i]["generated"]))
     long_ = max(range(len(trials)), key=lambda i: len(ref[i]["generated"]))
     pair = [trials[long_], trials[short]]
     got = run_trials_batched(model, pair, det, directions=dirs, batch_size=2,
-                             max_new_tokens=NEW)
+                             decode=DECODE)
     n = max(t.n_tokens for t in trials) + NEW
     assert_same_record(model, ref[long_], got[0], n)
     assert_same_record(model, ref[short], got[1], n)
@@ -131,14 +133,15 @@ def test_stop_rules_in_a_batch_equal_batch_size_1(windowed, stop_rule):
     trials = mixed_trials(model)
     det = [get_detector("locos")]
     dirs = AnswerDirections(model, "raw")
-    ref = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW, stop_rule=stop_rule)
+    decode = DecodeOptions(max_new_tokens=NEW, stop_rule=stop_rule)
+    ref = [run_trial(model, t, det, directions=dirs, decode=decode)
            for t in trials]
     got = run_trials_batched(model, trials, det, directions=dirs, batch_size=8,
-                             max_new_tokens=NEW, stop_rule=stop_rule)
+                             decode=decode)
     n = max(t.n_tokens for t in trials) + NEW
     for a, b in zip(ref, got, strict=True):
         assert_same_record(model, a, b, n)
-    default = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW)
+    default = [run_trial(model, t, det, directions=dirs, decode=DECODE)
                for t in trials]
     by_newline = [i for i, r in enumerate(default) if r["stopped_by"] == "newline"]
     assert by_newline  # the comparison is not vacuous: a trial stops at a newline
@@ -156,7 +159,7 @@ def test_nan_trial_dropped_from_the_batch(windowed):
     dirs = AnswerDirections(model, "raw")
     fed = {tok for t in trials for tok in t.tokens}
     fed |= {tok for t in trials for tok in run_trial(model, t, det, directions=dirs,
-                                                     max_new_tokens=NEW)["generated"]}
+                                                     decode=DECODE)["generated"]}
     magic = next(i for i in range(5, int(model.cfg.d_vocab)) if i not in fed)
     bad = Trial(tokens=[*trials[1].tokens[:-1], magic], needle_span=trials[1].needle_span,
                 answer=trials[1].answer, trial_id="nan")
@@ -166,11 +169,11 @@ def test_nan_trial_dropped_from_the_batch(windowed):
     emb.data[magic] = float("nan")
     try:
         with pytest.warns(RuntimeWarning, match="dropped .non_finite"):
-            ref = [run_trial(model, t, det, directions=dirs, max_new_tokens=NEW)
+            ref = [run_trial(model, t, det, directions=dirs, decode=DECODE)
                    for t in batch]
         with pytest.warns(RuntimeWarning, match="dropped .non_finite"):
             got = run_trials_batched(model, batch, det, directions=dirs, batch_size=4,
-                                     max_new_tokens=NEW)
+                                     decode=DECODE)
     finally:
         emb.data[magic] = saved
     n = max(t.n_tokens for t in batch) + NEW
@@ -224,7 +227,7 @@ def test_hook_falls_back_to_batch_size_1(windowed):
     model = windowed("qwen3")
     trials = mixed_trials(model)[:3]
     det = [get_detector("attention_spatial")]
-    ref = [run_trial(model, t, det, directions=None, max_new_tokens=NEW) for t in trials]
+    ref = [run_trial(model, t, det, directions=None, decode=DECODE) for t in trials]
     seen = []
 
     def look(pattern, hook):
@@ -234,14 +237,14 @@ def test_hook_falls_back_to_batch_size_1(windowed):
         assert "TransformerLens hook" in batch_fallback_reason(model)
         with pytest.warns(RuntimeWarning, match="falls back to batch size 1"):
             got = run_trials_batched(model, trials, det, directions=None, batch_size=4,
-                                     max_new_tokens=NEW)
+                                     decode=DECODE)
     assert seen  # the user's hook fired: the bridge ran
     n = max(t.n_tokens for t in trials) + NEW
     for a, b in zip(ref, got, strict=True):
         assert_same_record(model, a, b, n)
     with pytest.warns(RuntimeWarning, match="prefill_mode='bridge'"):
         run_trials_batched(model, trials[:1], det, directions=None, batch_size=2,
-                           max_new_tokens=2, prefill_mode="bridge")
+                           decode=DecodeOptions(max_new_tokens=2, prefill_mode="bridge"))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert batch_fallback_reason(model) is None  # hooks removed: batching again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -25,6 +26,7 @@ from locos_tl.cli._common import (
     trials_after_load,
     write_figure,
 )
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.errors import LocosError
 
 if TYPE_CHECKING:
@@ -133,14 +135,13 @@ def check_accepted(result: HeadScores | dict[str, HeadScores], out: Path) -> Non
         "model answers, or a larger --max-new-tokens")
 
 
-def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], variant: str,
-               max_new_tokens: int, device: str | None, dtype: str, workers: int,
-               ray_address: str | None, placement: str | dict[str, Any] | None,
-               gpus_per_worker: float | None, stop_rule: str = "newline_token",
-               thinking: bool = True, batch_size: int = 1,
+def _run_score(model: str, trials: Path, out: Path, options: Any, *, device: str | None,
+               dtype: str, workers: int, ray_address: str | None,
+               placement: str | dict[str, Any] | None, gpus_per_worker: float | None,
                early: list[Any] | None = None) -> Any:
     """Load the model (or start Ray), the trials (``early``: read before the load), and
-    score; says what a resume skips."""
+    score with ``options`` (:class:`~locos_tl.runs.options.ScoreOptions`); says what a
+    resume skips."""
     from locos_tl.errors import TrialError
     from locos_tl.experiments.score import score_methods
     from locos_tl.models.load import load_model
@@ -161,15 +162,11 @@ def _run_score(model: str, trials: Path, out: Path, *, methods: list[str], varia
         trial_list = early if early is not None else load_trials(trials, _tokenizer(model))
         if not trial_list:
             raise TrialError(f"{trials} holds no trial")
-        return score_methods(model, trial_list, methods=methods, variant=variant,
-                             max_new_tokens=max_new_tokens, out_dir=out, workers=ray,
-                             stop_rule=stop_rule, thinking=thinking, batch_size=batch_size,
+        return score_methods(model, trial_list, options, out_dir=out, workers=ray,
                              on_resume=partial(note_resume, out))
     bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
     trial_list = trials_after_load(trials, bridge, early)
-    return score_methods(bridge, trial_list, methods=methods, variant=variant,
-                         max_new_tokens=max_new_tokens, out_dir=out, stop_rule=stop_rule,
-                         thinking=thinking, batch_size=batch_size,
+    return score_methods(bridge, trial_list, options, out_dir=out,
                          on_resume=partial(note_resume, out))  # the run's own reuse count
 
 
@@ -184,7 +181,8 @@ def score(
     out: Annotated[Path, typer.Option(help="Run directory (resumable).")],
     variant: Annotated[str, typer.Option(help="raw (paper) or exact (norms frozen).")] = "raw",
     method: Annotated[str, typer.Option(help=method_help())] = "locos",
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 50,
+    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget (tokens).",
+                                                min=1)] = DecodeOptions.max_new_tokens,
     stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
                                                 "bare newline token stops) or "
                                                 "contains_newline.")] = "newline_token",
@@ -214,11 +212,11 @@ def score(
     """Score every attention head with LOCOS (arXiv 2607.01002) over retrieval trials."""
     import warnings
 
-    from locos_tl.engine.answers import GATE_THRESHOLD
-    from locos_tl.engine.stops import STOP_RULES
+    from locos_tl.engine.options import STOP_RULES
     from locos_tl.engine.unembed import VARIANTS
     from locos_tl.experiments.methods import method_names
     from locos_tl.models.load import resolve_dtype
+    from locos_tl.runs.options import ScoreOptions
     from locos_tl.runs.runner import RESUME_KEYS
 
     # every option, the trials file and the run directory are checked before the model
@@ -237,13 +235,14 @@ def score(
         placement = _parse_device_map(device_map)
         early = read_trials_early(trials, model)
         distributed = workers > 1 or ray_address is not None
-        if early is not None:
+        options = ScoreOptions.from_kwargs(variant=variant, max_new_tokens=max_new_tokens,
+                                           stop_rule=stop_rule, thinking=thinking,
+                                           batch_size=batch_size)
+        if early is not None:  # the run's settings, as meta.json records them
             check_run_dir(out, early, {
                 "model": None if distributed else model_key(model),
                 "dtype": str(resolve_dtype(dtype)).replace("torch.", ""),
-                "variant": variant, "max_new_tokens": max_new_tokens,
-                "gate_threshold": GATE_THRESHOLD, "stop_rule": stop_rule,
-                "thinking": thinking}, RESUME_KEYS)
+                **options.settings()}, RESUME_KEYS)
         methods = kept_methods(out, requested)
         with resumable(out, ctx), warnings.catch_warnings():
             # one message below instead of a warning per method and file
@@ -251,12 +250,11 @@ def score(
                                     category=RuntimeWarning)
             warnings.filterwarnings("ignore", message=".*no trial was accepted",
                                     category=RuntimeWarning)
-            result = _run_score(model, trials, out, methods=methods, variant=variant,
-                                max_new_tokens=max_new_tokens, device=device, dtype=dtype,
-                                workers=workers, ray_address=ray_address,
-                                placement=placement, gpus_per_worker=gpus_per_worker,
-                                stop_rule=stop_rule, thinking=thinking,
-                                batch_size=batch_size, early=early)
+            result = _run_score(model, trials, out,
+                                dataclasses.replace(options, methods=tuple(methods)),
+                                device=device, dtype=dtype, workers=workers,
+                                ray_address=ray_address, placement=placement,
+                                gpus_per_worker=gpus_per_worker, early=early)
             check_accepted(result, out)
             write_outputs(result, out)
     except (LocosError, ValueError) as exc:

@@ -21,13 +21,14 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from locos_tl.engine.interventions import engine as intervention_engine
 from locos_tl.engine.interventions import hooks_reproducible, lens_hooks_attached
+from locos_tl.engine.options import DECODE_ENGINES, DecodeEngine
 from locos_tl.engine.twin import sdpa_twin, twin_info
 from locos_tl.errors import LocosError, warn_caller
 
@@ -38,8 +39,6 @@ __all__ = ["DECODE_ENGINES", "DecodeEngine", "StepEngine", "TwinScales", "aligne
 
 log = logging.getLogger(__name__)
 
-DecodeEngine = Literal["auto", "twin", "bridge"]
-DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
 
 
 def hf_model(model: Any) -> Any:

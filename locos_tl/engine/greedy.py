@@ -27,6 +27,7 @@ from typing import Literal, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from locos_tl.engine.options import check_max_new_tokens
 from locos_tl.engine.stops import DecodeResult, StopRules, StopState
 from locos_tl.errors import NonFiniteError
 
@@ -71,18 +72,6 @@ class GreedyRow:
     generated: list[int] = field(default_factory=list)
     non_finite: str | None = None
     result: DecodeResult | None = None
-
-
-def check_max_new_tokens(max_new_tokens: object) -> int:
-    """The decoding budget, checked.
-
-    Raises:
-        ValueError: ``max_new_tokens`` is not an integer >= 1 (a bool is refused).
-    """
-    if (isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int)
-            or max_new_tokens < 1):
-        raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
-    return max_new_tokens
 
 
 def greedy_loop(

@@ -16,29 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, get_args
+from typing import Any
 
 from torch import Tensor
 
 from locos_tl.engine.answers import scan_think, think_token_ids
 from locos_tl.engine.forward import hf_model
+from locos_tl.engine.options import STOP_RULES, StopRule, check_stop_rule
 
 __all__ = ["STOP_RULES", "DecodeResult", "StopRule", "StopRules", "StopState", "check_stop_rule",
            "is_newline_stop", "legacy_stop_rule", "stop_predicate"]
-
-StopRule = Literal["newline_token", "contains_newline", "none"]
-STOP_RULES: tuple[str, ...] = get_args(StopRule)
-
-
-def check_stop_rule(rule: str) -> StopRule:
-    """Validate a stop rule name.
-
-    Raises:
-        ValueError: not one of :data:`STOP_RULES`.
-    """
-    if rule not in STOP_RULES:
-        raise ValueError(f"unknown stop rule {rule!r}; use one of {STOP_RULES}")
-    return rule  # type: ignore[return-value]
 
 
 def legacy_stop_rule(stop_rule: str, stop_at_newline: bool | None, caller: str) -> StopRule:

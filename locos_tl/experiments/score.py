@@ -16,16 +16,15 @@ workers aggregate identically.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, overload
 
-from locos_tl.engine.answers import GATE_THRESHOLD
 from locos_tl.engine.forward import engine_paths
-from locos_tl.engine.stops import StopRule
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.experiments.methods import Method, check_trials, get_method
-from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.distributed.workers import (
@@ -34,6 +33,7 @@ from locos_tl.runs.distributed.workers import (
     executor_options,
     legacy_workers,
 )
+from locos_tl.runs.options import ScoreOptions
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.rundir import kept_methods
 from locos_tl.runs.runner import (  # re-exported: the runner's names stay importable from here
@@ -52,9 +52,10 @@ from locos_tl.runs.runner import (  # re-exported: the runner's names stay impor
 )
 from locos_tl.trials import as_trial_list
 
-__all__ = ["RESUME_KEYS", "aggregate", "check_spans", "check_trials_fit",
-           "finished_record", "method_spans", "model_dtype", "non_finite_record",
-           "run_settings", "run_trial", "score_methods", "score_trials", "write_acceptance"]
+__all__ = ["RESUME_KEYS", "DecodeOptions", "ScoreOptions", "aggregate", "check_spans",
+           "check_trials_fit", "finished_record", "method_spans", "model_dtype",
+           "non_finite_record", "run_settings", "run_trial", "score_methods", "score_trials",
+           "write_acceptance"]
 
 @overload
 def score_trials(model: Any, trials: Any, *, method: str | None = None,
@@ -119,26 +120,15 @@ def score_trials(model: Any, trials: Any, *, method: str | None = None,
 def score_methods(
     model: Any,
     trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
+    options: ScoreOptions | None = None,
     *,
-    methods: str | Sequence[str] = ("locos",),
-    variant: str = "raw",
-    max_new_tokens: int = 50,
     out_dir: str | Path | None = None,
-    seed: int = 0,
-    gate_threshold: float = GATE_THRESHOLD,
     progress: bool = True,
-    prefill_mode: str = "auto",
-    chunk_size: int | None = None,
-    stop_rule: StopRule = "newline_token",
-    thinking: bool = True,
-    spans: dict[str, str] | None = None,
-    decode_engine: str = "auto",
-    batch_size: int = 1,
     workers: Workers = 1,
     on_record: Callable[..., None] | None = None,
     on_resume: Callable[[int, int], None] | None = None,
     _caller: str = "score_methods",
-    **unknown: Any,
+    **kwargs: Any,
 ) -> dict[str, HeadScores]:
     """Score every attention head over retrieval trials with several methods at once.
 
@@ -164,20 +154,27 @@ def score_methods(
     Args:
         model: a TransformerBridge (see :func:`locos_tl.load_model`).
         trials: the trials; prompts plus ``max_new_tokens`` must fit in ``n_ctx``.
-        methods: names of :data:`~locos_tl.experiments.methods.METHODS` (default
-            ``("locos",)``; one name as a string is one method).
-        variant: ``"raw"`` (paper) or ``"exact"`` (norm scales frozen; phi sums to DLA).
-        max_new_tokens: greedy decoding budget per trial.
+        options: the run's :class:`~locos_tl.runs.options.ScoreOptions` (methods,
+            variant, spans, gate threshold, seed, batch size and the
+            :class:`~locos_tl.engine.options.DecodeOptions`); None: the defaults. Saved
+            in ``meta.json`` as the run's ``settings``.
+        **kwargs: any field of :class:`~locos_tl.runs.options.ScoreOptions` or of its
+            ``decode`` as a keyword, overriding ``options``:
+            ``methods`` (names of :data:`~locos_tl.experiments.methods.METHODS`, default
+            ``("locos",)``; one name as a string is one method), ``variant`` (``"raw"``,
+            the paper, or ``"exact"``: norm scales frozen, phi sums to DLA),
+            ``max_new_tokens`` (greedy budget per trial, 50 tokens), ``seed`` (bootstrap
+            seed; decoding is greedy, hence deterministic), ``gate_threshold`` (ROUGE-1
+            recall a response must exceed, 0.5), ``prefill_mode``, ``chunk_size`` (see
+            :func:`locos_tl.engine.forward.prefill`), ``stop_rule``, ``thinking``,
+            ``spans``, ``decode_engine``, ``batch_size`` (below).
         out_dir: run directory (one run: layout in :mod:`locos_tl.runs.rundir`); one JSON
             line per finished trial is appended to ``trials.jsonl`` and ``meta.json``
             holds provenance; rerunning with the same settings and trials skips finished
             trials. A directory that holds other methods' scores keeps them: those
             methods are scored too, from the same records (a ``UserWarning`` says so),
             as ``locos score`` does.
-        seed: bootstrap seed (decoding is greedy, hence deterministic).
-        gate_threshold: ROUGE-1 recall a response must exceed to count.
         progress: show a tqdm bar over trials.
-        prefill_mode, chunk_size: see :func:`locos_tl.engine.forward.prefill`.
         stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
             newline token stops) or ``"contains_newline"``; recorded in ``meta.json``.
         thinking: skip a ``<think> ... </think>`` block before the stop rule, the gate
@@ -234,15 +231,13 @@ def score_methods(
     ``num_gpus_per_worker=``, ..., ``pool=``) still work, with a DeprecationWarning
     (:func:`locos_tl.runs.distributed.workers.legacy_workers`).
     """
-    legacy = {k: unknown.pop(k) for k in list(unknown) if k in LEGACY_RAY_OPTIONS}
+    legacy = {k: kwargs.pop(k) for k in list(kwargs) if k in LEGACY_RAY_OPTIONS}
     workers = legacy_workers(workers, legacy, _caller)  # the old Ray keywords: warned
+    unknown = {k: v for k, v in kwargs.items() if k not in ScoreOptions.option_names()}
     if unknown:
-        import inspect
-
-        accepted = sorted(k for k, p in inspect.signature(score_methods).parameters.items()
-                          if p.kind is p.KEYWORD_ONLY and not k.startswith("_"))
         import difflib
 
+        accepted = sorted([*ScoreOptions.option_names(), *_FRONT])
         # a near-miss names its option; a Ray option, exact or near, says where it goes
         near = {k: (difflib.get_close_matches(k, [*accepted, *LEGACY_RAY_OPTIONS], n=1)
                     or [k])[0] for k in unknown}
@@ -254,38 +249,35 @@ def score_methods(
             "workers=model_pool(...)" if grouped else "")
         raise TypeError(f"{_caller}() got unknown keyword(s) {sorted(unknown)}{hint}; "
                         f"accepted options: {', '.join(accepted)}")
+    options = ScoreOptions.from_kwargs(options, where=_caller, **kwargs)
     dist = executor_options(workers)
-    if as_int(batch_size, "batch_size") < 1:
-        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    methods = [methods] if isinstance(methods, str) else list(methods)
+    spans = options.span_overrides
+    decode, batch_size = options.decode, options.batch_size
+    methods = list(options.methods)
     own = [m.name for m in map(get_method, methods) if not m.decode_pass]  # names checked
     if own:  # their own forwards, beside the shared decode pass
         if dist is not None:
             raise ValueError(f"{', '.join(own)} run in this process only: use workers=1")
-        decode = [m for m in methods if m not in own]
-        rest = {k: v for k, v in (spans or {}).items() if k not in own}
+        shared = [m for m in methods if m not in own]
+        rest = {k: v for k, v in spans.items() if k not in own}
         for m in own:  # refused before any work
             _own_span(get_method(m), spans)
         trials = as_trial_list(trials, _caller)
         check_trials(model, trials, methods, where=_caller, spans=spans,
-                     max_new_tokens=max_new_tokens)  # every method's, before any forward
+                     max_new_tokens=decode.max_new_tokens)  # every method's, before any forward
         result = score_methods(
-            model, trials, methods=decode, variant=variant, max_new_tokens=max_new_tokens,
-            out_dir=out_dir, seed=seed, gate_threshold=gate_threshold, progress=progress,
-            prefill_mode=prefill_mode, chunk_size=chunk_size, stop_rule=stop_rule,
-            thinking=thinking, spans=rest or None, decode_engine=decode_engine,
-            batch_size=batch_size, on_resume=on_resume, _caller=_caller) if decode else {}
-        given = dict(out_dir=out_dir, max_new_tokens=max_new_tokens, progress=progress,
-                     on_resume=on_resume)
+            model, trials, dataclasses.replace(options, methods=tuple(shared), spans=rest),
+            out_dir=out_dir, progress=progress, on_resume=on_resume,
+            _caller=_caller) if shared else {}
+        given = dict(out_dir=out_dir, max_new_tokens=decode.max_new_tokens,
+                     progress=progress, on_resume=on_resume)
         for m in own:
             result[m] = _own_passes(get_method(m), model, trials, spans, **given)
         return {m: result[m] for m in methods}
     keep = _kept(out_dir, methods)  # a rescoring with fewer methods deletes nothing
     if keep:
         methods = keep + kept_methods(out_dir, keep)
-    run_args = dict(method=None, methods=methods, spans=spans, variant=variant,
-                    max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
-                    stop_rule=stop_rule, thinking=thinking, seed=seed)
+    options = dataclasses.replace(options, methods=tuple(methods))
     if dist is not None:  # the Ray executor
         if batch_size > 1:
             from locos_tl.errors import warn_caller
@@ -295,36 +287,37 @@ def score_methods(
         from locos_tl.runs.distributed import score_trials_distributed
 
         return _requested(score_trials_distributed(  # the workers load `model`
-            model, trials, out_dir=out_dir, progress=progress, prefill_mode=prefill_mode,
-            chunk_size=chunk_size, decode_engine=decode_engine, on_resume=on_resume,
-            on_record=on_record, **run_args, **dist), keep)
-    opts = check_run_options(trials, **run_args)  # type: ignore[arg-type]
+            model, trials, options, out_dir=out_dir, progress=progress,
+            on_resume=on_resume, on_record=on_record, **dist), keep)
+    opts = check_run_options(trials, options, where=_caller)
     check_trials(model, opts.trials, opts.methods, where=_caller, spans=spans,
-                 max_new_tokens=opts.max_new_tokens)  # every trial, before any forward
+                 max_new_tokens=decode.max_new_tokens)  # every trial, before any forward
     identity = model_settings(model)
     run = ScoringRun(opts, model, model_name=identity["model"], dtype=model_dtype(model),
                      out_dir=out_dir, model_hashes=identity.get("model_hashes"))
     meta = provenance(model)
-    meta["engine"] = engine_paths(model, prefill_mode, decode_engine)  # which paths run
+    # which paths run
+    meta["engine"] = engine_paths(model, decode.prefill_mode, decode.decode_engine)
     if batch_size > 1:  # batched decoding, or why it fell back to one trial at a time
         from locos_tl.runs.batch import batch_fallback_reason
 
-        why = batch_fallback_reason(model, prefill_mode, decode_engine)
+        why = batch_fallback_reason(model, decode.prefill_mode, decode.decode_engine)
         meta["engine"].update(batch_size=1 if why else batch_size, batch_reason=why)
     todo = run.start(meta, on_resume)
-    directions = (AnswerDirections(model, opts.variant)
+    directions = (AnswerDirections(model, options.variant)
                   if any(d.needs_phi for d in opts.detectors) else None)
 
     from locos_tl.runs.local import run_trials_local  # the local executor
 
-    run_trials_local(model, todo, opts.detectors, on_record=run.keep, progress=progress,
-                     run_trial=run_trial,  # this module's name: patchable
-                     directions=directions, max_new_tokens=opts.max_new_tokens,
-                     gate_threshold=opts.gate_threshold, prefill_mode=prefill_mode,
-                     chunk_size=chunk_size, stop_rule=opts.stop_rule, thinking=thinking,
-                     decode_engine=decode_engine, batch_size=batch_size,
-                     chunk=max(len(todo), 1) if batch_size > 1 else 1)
+    run_trials_local(model, todo, opts.detectors, directions=directions, decode=decode,
+                     gate_threshold=options.gate_threshold, on_record=run.keep,
+                     progress=progress, run_trial=run_trial,  # this module's name: patchable
+                     batch_size=batch_size, chunk=max(len(todo), 1) if batch_size > 1 else 1)
     return _requested(run.finish(), keep)
+
+
+#: score_methods' keywords besides the options' fields (for the unknown-keyword message)
+_FRONT = ("out_dir", "progress", "workers", "on_record", "on_resume")
 
 
 def _own_span(method: Method, spans: dict[str, str] | None) -> str | None:

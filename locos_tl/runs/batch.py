@@ -59,8 +59,9 @@ from locos_tl.engine.forward import (
     prefill_with_rows,
     sliding_layers,
 )
-from locos_tl.engine.greedy import GreedyRow, check_max_new_tokens, greedy_loop
-from locos_tl.engine.stops import StopRule, StopRules
+from locos_tl.engine.greedy import GreedyRow, greedy_loop
+from locos_tl.engine.options import DecodeOptions
+from locos_tl.engine.stops import StopRules
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import TrialError, warn_caller
 from locos_tl.runs.runner import _Collector, non_finite_record, run_trial, trial_record
@@ -244,14 +245,9 @@ def run_trials_batched(
     detectors: Sequence[Detector],
     *,
     directions: AnswerDirections | None,
+    decode: DecodeOptions | None = None,
     batch_size: int = 8,
-    max_new_tokens: int = 50,
     gate_threshold: float = GATE_THRESHOLD,
-    prefill_mode: str = "auto",
-    chunk_size: int | None = None,
-    stop_rule: StopRule = "newline_token",
-    thinking: bool = True,
-    decode_engine: str = "auto",
     on_record: Callable[[int, dict[str, Any]], None] | None = None,
 ) -> list[dict[str, Any]]:
     """Score ``trials`` ``batch_size`` at a time; the records of :func:`run_trial`.
@@ -259,8 +255,9 @@ def run_trials_batched(
     Trials are grouped by prompt length (less padding) into batches of ``batch_size``;
     each batch is prefilled once and decoded together, each trial stopping by its own
     rule (module docstring). Arguments as for :func:`locos_tl.runs.runner.run_trial`
-    (``directions`` is needed by phi-based detectors; ``prefill_mode``/``decode_engine``
-    ``"bridge"`` fall back to batch size 1).
+    (``directions`` is needed by phi-based detectors; ``decode``'s ``prefill_mode`` or
+    ``decode_engine`` ``"bridge"`` falls back to batch size 1; its ``stop_at_eos`` is
+    the batch's stop rule too).
 
     Args:
         model: a TransformerBridge.
@@ -276,14 +273,15 @@ def run_trials_batched(
         1e-5 in float32; tokens and responses identical).
 
     Raises:
-        ValueError: ``batch_size < 1``, ``max_new_tokens`` not an integer >= 1, or an
-            unknown stop rule.
+        ValueError: ``batch_size < 1``.
         TrialError: an empty prompt.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-    check_max_new_tokens(max_new_tokens)
-    rules = StopRules.of(model, stop_rule, thinking)
+    decode = DecodeOptions() if decode is None else decode
+    max_new_tokens, chunk_size = decode.max_new_tokens, decode.chunk_size
+    rules = StopRules.of(model, decode.stop_rule, decode.thinking,
+                         stop_at_eos=decode.stop_at_eos)
     trials = list(trials)
     out: list[dict[str, Any] | None] = [None] * len(trials)
 
@@ -292,18 +290,15 @@ def run_trials_batched(
         if on_record is not None:
             on_record(i, rec)
 
-    reason = (batch_fallback_reason(model, prefill_mode, decode_engine) if batch_size > 1
-              else "batch_size=1")
+    reason = (batch_fallback_reason(model, decode.prefill_mode, decode.decode_engine)
+              if batch_size > 1 else "batch_size=1")
     if reason is not None:
         if batch_size > 1:
             warn_caller(f"batch_size={batch_size} falls back to batch size 1: {reason}",
                         RuntimeWarning)
         for i, trial in enumerate(trials):
-            done(i, run_trial(model, trial, detectors, directions=directions,
-                              max_new_tokens=max_new_tokens, gate_threshold=gate_threshold,
-                              prefill_mode=prefill_mode, chunk_size=chunk_size,
-                              stop_rule=stop_rule, thinking=thinking,
-                              decode_engine=decode_engine))
+            done(i, run_trial(model, trial, detectors, directions=directions, decode=decode,
+                              gate_threshold=gate_threshold))
         return out  # type: ignore[return-value]
 
     device = next(model.original_model.parameters()).device

@@ -18,6 +18,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from locos_tl.engine.answers import GATE_THRESHOLD
+from locos_tl.engine.options import DecodeOptions
+from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.runs import runner
 
 
@@ -26,10 +29,12 @@ def run_chunk(
     trials: Sequence[Any],
     detectors: Sequence[Any],
     *,
+    directions: AnswerDirections | None,
+    decode: DecodeOptions,
+    gate_threshold: float = GATE_THRESHOLD,
     on_record: Callable[[int, dict[str, Any]], None] | None = None,
     batch_size: int = 1,
     run_trial: Callable[..., dict[str, Any]] | None = None,
-    **trial_kwargs: Any,
 ) -> list[dict[str, Any]]:
     """Records of ``trials`` (in order), each made by :func:`locos_tl.runs.runner.run_trial`,
     or, with ``batch_size > 1``, decoded ``batch_size`` at a time by
@@ -39,23 +44,26 @@ def run_chunk(
         model: a TransformerBridge.
         trials: the chunk's trials.
         detectors: the detectors sharing the decode pass.
+        directions: the answer directions of phi-based detectors (None: none needs them).
+        decode: how each trial is decoded (:class:`~locos_tl.engine.options.DecodeOptions`).
+        gate_threshold: the ROUGE-1 recall a response must exceed.
         on_record: called with ``(index in trials, record)`` as each record is made.
         batch_size: trials decoded together (1: one at a time).
         run_trial: the single-trial runner (default :func:`locos_tl.runs.runner.run_trial`;
             :func:`locos_tl.experiments.score.score_trials` passes its own name, so patching
             ``locos_tl.experiments.score.run_trial`` reaches the executor).
-        **trial_kwargs: :func:`locos_tl.runs.runner.run_trial` keywords (``directions``,
-            ``max_new_tokens``, ``decode_engine``, ...).
     """
     if batch_size > 1:
         from locos_tl.runs.batch import run_trials_batched
 
-        return run_trials_batched(model, trials, detectors, batch_size=batch_size,
-                                  on_record=on_record, **trial_kwargs)
+        return run_trials_batched(model, trials, detectors, directions=directions,
+                                  decode=decode, gate_threshold=gate_threshold,
+                                  batch_size=batch_size, on_record=on_record)
     one = run_trial if run_trial is not None else runner.run_trial
     out = []
     for i, trial in enumerate(trials):
-        rec = one(model, trial, detectors, **trial_kwargs)
+        rec = one(model, trial, detectors, directions=directions, decode=decode,
+                  gate_threshold=gate_threshold)
         if on_record is not None:
             on_record(i, rec)
         out.append(rec)
@@ -67,11 +75,14 @@ def run_trials_local(
     trials: Sequence[Any],
     detectors: Sequence[Any],
     *,
+    directions: AnswerDirections | None,
+    decode: DecodeOptions,
+    gate_threshold: float = GATE_THRESHOLD,
     on_record: Callable[[int, dict[str, Any]], None] | None = None,
     progress: bool = True,
     chunk: int = 1,
     batch_size: int = 1,
-    **trial_kwargs: Any,
+    run_trial: Callable[..., dict[str, Any]] | None = None,
 ) -> list[dict[str, Any]]:
     """Run ``trials`` here, ``chunk`` at a time through :func:`run_chunk`.
 
@@ -79,6 +90,7 @@ def run_trials_local(
         model: a TransformerBridge.
         trials: trials still to run (finished ones are skipped by the caller).
         detectors: the detectors sharing the decode pass.
+        directions, decode, gate_threshold, run_trial: as in :func:`run_chunk`.
         on_record: called with ``(index in trials, record)`` as each record is made
             (append it to the run directory there).
         progress: a tqdm bar over trials, with the count of trials accepted so far (the
@@ -87,7 +99,6 @@ def run_trials_local(
             ``batch_size > 1`` at least ``batch_size`` (a chunk's trials are grouped by
             prompt length into batches).
         batch_size: trials decoded together (:func:`run_chunk`).
-        **trial_kwargs: :func:`locos_tl.runs.runner.run_trial` keywords.
 
     Returns:
         One record per trial, in order.
@@ -111,8 +122,9 @@ def run_trials_local(
                 if on_record is not None:
                     on_record(start + i, rec)
 
-            out += run_chunk(model, part, detectors, on_record=rec_cb, batch_size=batch_size,
-                             **trial_kwargs)
+            out += run_chunk(model, part, detectors, directions=directions, decode=decode,
+                             gate_threshold=gate_threshold, on_record=rec_cb,
+                             batch_size=batch_size, run_trial=run_trial)
     finally:
         bar.close()
     return out

@@ -186,12 +186,14 @@ def _from_records(path: Path, method: str) -> HeadScores:
     from types import SimpleNamespace
 
     from locos_tl.runs.aggregate import aggregate  # the one path from records to HeadScores
+    from locos_tl.runs.options import ScoreOptions
 
+    options = ScoreOptions.from_settings(settings)  # the run's options, read back
     dims = SimpleNamespace(cfg=SimpleNamespace(n_layers=int(shape["n_layers"]),
                                                n_heads=int(shape["n_heads"])))
     return aggregate(list(records.values()), [method], model=dims,  # type: ignore[return-value]
-                     variant=str(settings.get("variant", "")), meta=meta,
-                     seed=int(settings.get("seed", 0)), as_dict=False, warn=False)
+                     variant=options.variant, meta=meta, seed=options.seed, as_dict=False,
+                     warn=False)
 
 
 def load_head_scores(path: str | Path, method: str | None = None) -> HeadScores:

@@ -18,6 +18,7 @@ and move to the host once per trial.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,13 +26,11 @@ from typing import Any
 
 from locos_tl.acceptance import acceptance_counts
 from locos_tl.detectors import SPAN_NAMES, Detector, get_detector
-from locos_tl.engine.answers import GATE_THRESHOLD
-from locos_tl.engine.stops import check_stop_rule
-from locos_tl.engine.unembed import check_variant
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.errors import TrialError
-from locos_tl.head_spec import as_int
 from locos_tl.heads import HeadScores
 from locos_tl.runs.aggregate import aggregate
+from locos_tl.runs.options import ScoreOptions
 from locos_tl.runs.records import RecordStore
 from locos_tl.runs.rundir import prune_stale_methods
 
@@ -49,30 +48,29 @@ RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold", 
 
 
 def run_settings(
-    model: str, dtype: str, *, variant: str, methods: Sequence[str], max_new_tokens: int,
-    gate_threshold: float, seed: int, trials: Sequence[Trial],
-    stop_rule: str = "newline_token", thinking: bool = True,
+    model: str, dtype: str, options: ScoreOptions, trials: Sequence[Trial], *,
     spans: dict[str, str] | None = None, model_hashes: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """The settings recorded in ``meta.json``; :data:`RESUME_KEYS` of them must match for
-    a run directory to be resumed (single-process and distributed runs alike).
-    ``spans`` (method -> span name) is recorded, not a resume key: a record made with
-    another span for a method reruns (:func:`finished_record`). ``model`` is the
-    model's name and ``model_hashes`` its content hashes (recorded when given; the
-    ``model`` key compares both: :mod:`locos_tl.models.identity`)."""
+    """The settings recorded in ``meta.json``: the model, its dtype, the run's options
+    (:meth:`ScoreOptions.settings <locos_tl.runs.options.ScoreOptions.settings>`: every
+    field under the name runs have always recorded it) and its trial set;
+    :data:`RESUME_KEYS` of them must match for a run directory to be resumed
+    (single-process and distributed runs alike). ``spans`` (method -> the span name it
+    reads, every method) replaces the options' overrides; it is recorded, not a resume
+    key: a record made with another span for a method reruns (:func:`finished_record`).
+    ``model`` is the model's name and ``model_hashes`` its content hashes (recorded when
+    given; the ``model`` key compares both: :mod:`locos_tl.models.identity`).
+    :meth:`ScoreOptions.from_settings <locos_tl.engine.options.Options.from_settings>`
+    reads the options back."""
     hashes = {"model_hashes": dict(model_hashes)} if model_hashes else {}
+    recorded = options.settings()
+    if spans is not None:
+        recorded["spans"] = dict(spans)
     return {
         "model": model,
         **hashes,
         "dtype": dtype,
-        "variant": variant,
-        "methods": list(methods),
-        "max_new_tokens": max_new_tokens,
-        "gate_threshold": gate_threshold,
-        "stop_rule": stop_rule,
-        "thinking": thinking,
-        "spans": dict(spans or {}),
-        "seed": seed,
+        **recorded,
         "n_trials": len(trials),
         "trial_set_hash": trial_set_hash(trials),
     }
@@ -169,8 +167,8 @@ class RunOptions:
         methods: the method names sharing one decode pass.
         detectors: one detector a method, each reading its span.
         overrides: the per-method span overrides as given (``{"locos": "answer"}``).
-        variant, max_new_tokens, gate_threshold, stop_rule, thinking, seed: as in
-            :func:`locos_tl.experiments.score.score_trials`.
+        options: the run's :class:`~locos_tl.runs.options.ScoreOptions` (``variant``,
+            ``gate_threshold``, ``seed``, ``decode``, ...), as given.
         as_dict: return ``{method: HeadScores}`` (``methods=[...]`` was given).
     """
 
@@ -178,12 +176,7 @@ class RunOptions:
     methods: tuple[str, ...]
     detectors: tuple[Detector, ...]
     overrides: dict[str, str]
-    variant: str
-    max_new_tokens: int
-    gate_threshold: float
-    stop_rule: str
-    thinking: bool
-    seed: int
+    options: ScoreOptions
     as_dict: bool
 
     @property
@@ -191,59 +184,42 @@ class RunOptions:
         """Method -> the span name its detector reads (:func:`method_spans`)."""
         return method_spans(self.detectors)
 
+    @property
+    def decode(self) -> DecodeOptions:
+        """How each trial is decoded (``options.decode``)."""
+        return self.options.decode
+
 
 def check_run_options(
-    trials: Any, *, method: str | None = None, methods: Sequence[str] | str | None = None,
-    spans: dict[str, str] | None = None, variant: str = "raw", max_new_tokens: int = 50,
-    gate_threshold: float | None = None, stop_rule: str = "newline_token",
-    thinking: bool = True, seed: int = 0, where: str = "score_trials",
+    trials: Any, options: ScoreOptions, *, as_dict: bool = True,
+    where: str = "score_trials",
 ) -> RunOptions:
-    """Check a scoring run's arguments (every executor calls this once, first).
+    """Check a scoring run's trials and methods (every executor calls this once, first;
+    the option values themselves were checked when ``options`` was built).
 
     Args:
         trials: a sequence of :class:`Trial` (one bare Trial is refused).
-        method, methods: one method name, or several sharing the decode pass (one name
-            as a string is one method; then a dict is returned); not both. Default
-            ``"locos"``.
-        gate_threshold: None: :data:`locos_tl.engine.answers.GATE_THRESHOLD`.
+        options: the run's options; ``options.methods`` share the decode pass.
+        as_dict: the run returns ``{method: HeadScores}`` (False: one method's
+            :class:`HeadScores`).
         where: the caller's name, for the messages.
-        spans, variant, max_new_tokens, stop_rule, thinking, seed: as in
-            :func:`locos_tl.experiments.score.score_trials`.
 
     Raises:
-        ValueError: both or no method, an unknown method, variant, span or stop rule,
-            a span override for a method that is not scored, no trial, or
-            ``max_new_tokens`` < 1.
+        ValueError: no method, an unknown method or span, a span override for a method
+            that is not scored, or no trial.
         TrialError: ``trials`` is one bare Trial or holds a non-Trial.
     """
     trials = as_trial_list(trials, where)
-    if isinstance(methods, str):  # one name, as methods=[name] (a dict is returned)
-        methods = [methods]
-    if method is not None and methods is not None:
-        raise ValueError(f"give method or methods, not both (method={method!r}, methods="
-                         f"{list(methods)!r}): methods=[...] scores every name in it")
-    if method is None:
-        method = "locos"
-    if not isinstance(method, str):
-        raise ValueError(f"method must be one method name, got {method!r}; pass several "
-                         "as methods=[...]")
-    names = list(methods) if methods is not None else [method]
+    names = list(options.methods)
     if not names:
         raise ValueError("no method given")
-    overrides = check_spans(spans, names)
+    overrides = check_spans(options.span_overrides, names)
     detectors = tuple(get_detector(m, span=overrides.get(m))  # type: ignore[arg-type]
                       for m in names)
-    variant = check_variant(variant)
     if not trials:
         raise ValueError("no trials to score")
-    if as_int(max_new_tokens, "max_new_tokens") < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    return RunOptions(
-        trials=tuple(trials), methods=tuple(names), detectors=detectors, overrides=overrides,
-        variant=variant, max_new_tokens=max_new_tokens,
-        gate_threshold=GATE_THRESHOLD if gate_threshold is None else gate_threshold,
-        stop_rule=check_stop_rule(stop_rule), thinking=thinking, seed=seed,
-        as_dict=methods is not None)
+    return RunOptions(trials=tuple(trials), methods=tuple(names), detectors=detectors,
+                      overrides=overrides, options=options, as_dict=as_dict)
 
 
 def reused_records(
@@ -286,13 +262,11 @@ class ScoringRun:
                  model_hashes: dict[str, str] | None = None) -> None:
         o = self.options = options
         self.model = model
-        check_trials_fit(model, o.trials, o.max_new_tokens)
+        check_trials_fit(model, o.trials, o.decode.max_new_tokens)
         self.out_dir = out_dir
         self.settings = run_settings(
-            model_name, dtype, variant=o.variant, methods=o.methods,
-            max_new_tokens=o.max_new_tokens, gate_threshold=o.gate_threshold, seed=o.seed,
-            trials=o.trials, stop_rule=o.stop_rule, thinking=o.thinking, spans=o.spans,
-            model_hashes=model_hashes)
+            model_name, dtype, dataclasses.replace(o.options, methods=o.methods), o.trials,
+            spans=o.spans, model_hashes=model_hashes)
         self.store = (RecordStore(out_dir, self.settings, RESUME_KEYS)
                       if out_dir is not None else None)
         self.meta: dict[str, Any] = {"settings": self.settings}
@@ -336,8 +310,8 @@ class ScoringRun:
         o = self.options
         records: list[dict[str, Any]] = self.records  # type: ignore[assignment]  # all run
         write_acceptance(self.store, self.meta, records, o.methods)
-        return aggregate(records, o.methods, model=self.model, variant=o.variant,
-                         meta=self.meta, seed=o.seed, as_dict=o.as_dict)
+        return aggregate(records, o.methods, model=self.model, variant=o.options.variant,
+                         meta=self.meta, seed=o.options.seed, as_dict=o.as_dict)
 
 
 def write_acceptance(

@@ -12,7 +12,7 @@ from locos_tl.detectors import Detector, TrialOutcome
 from locos_tl.engine.answers import GATE_THRESHOLD, answer_steps, rouge1_recall
 from locos_tl.engine.continuation_tokens import answer_prefix, trial_context
 from locos_tl.engine.decode import DecodeResult, DecodeStep, greedy_decode
-from locos_tl.engine.stops import StopRule
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import NonFiniteError, warn_caller
 from locos_tl.trials import Trial
@@ -76,20 +76,16 @@ def run_trial(
     detectors: Sequence[Detector],
     *,
     directions: AnswerDirections | None,
-    max_new_tokens: int = 50,
+    decode: DecodeOptions | None = None,
     gate_threshold: float = GATE_THRESHOLD,
-    prefill_mode: str = "auto",
-    chunk_size: int | None = None,
-    stop_rule: StopRule = "newline_token",
-    thinking: bool = True,
-    decode_engine: str = "auto",
 ) -> dict[str, Any]:
     """Decode one trial and return its record (JSON-serialisable).
 
-    ``stop_rule``, ``thinking`` and ``decode_engine`` as in
-    :func:`locos_tl.engine.decode.greedy_decode`; answer steps are searched only after a
-    thinking block (``response_start``). Detector values stay on the device while
-    decoding and are stacked and moved to the host once per trial.
+    ``decode``: how the trial is decoded (:class:`~locos_tl.engine.options.DecodeOptions`;
+    None: the defaults), handed whole to :func:`locos_tl.engine.decode.greedy_decode`;
+    answer steps are searched only after a thinking block (``response_start``).
+    ``gate_threshold``: the ROUGE-1 recall a response must exceed. Detector values stay
+    on the device while decoding and are stacked and moved to the host once per trial.
 
     Record fields: ``trial_id``, ``response``, ``generated``, ``rouge1_recall``,
     ``accepted`` (gate passed and an answer step found), ``dropped`` (``None``,
@@ -108,11 +104,8 @@ def run_trial(
 
     try:
         result = greedy_decode(
-            model, trial.tokens, max_new_tokens=max_new_tokens, on_step=col.on_step,
-            directions=directions, prefill_mode=prefill_mode, chunk_size=chunk_size,
-            stop_rule=stop_rule, thinking=thinking, prompt_window=window,
-            on_prompt_rows=col.on_prompt_rows if window else None,
-            decode_engine=decode_engine,
+            model, trial.tokens, decode, on_step=col.on_step, directions=directions,
+            prompt_window=window, on_prompt_rows=col.on_prompt_rows if window else None,
         )
     except NonFiniteError as exc:
         return non_finite_record(trial, str(exc), detectors)

@@ -9,32 +9,37 @@ records back. It never imports the local executor or :mod:`locos_tl.experiments.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.runs.distributed.hosts import ModelHost, model_pool_for
 from locos_tl.runs.distributed.pool import RayPool, ResultEvent
 from locos_tl.runs.distributed.ray_glue import require_ray
+from locos_tl.runs.options import ScoreOptions
 from locos_tl.tokenize import TokenizerIdentity
 
 
 @dataclass(frozen=True)
 class ScoreSpec:
     """The per-run settings of a scoring task (hashable: the worker caches its detectors
-    and answer directions under it)."""
+    and answer directions under it).
+
+    Attributes:
+        methods: the checked method names sharing the decode pass.
+        variant: ``"raw"`` or ``"exact"``.
+        gate_threshold: the ROUGE-1 recall a response must exceed.
+        spans: per-method span overrides, sorted ``(method, span)`` pairs.
+        decode: how each trial is decoded (:class:`~locos_tl.engine.options.DecodeOptions`).
+    """
 
     methods: tuple[str, ...]
     variant: str
-    max_new_tokens: int
     gate_threshold: float
-    prefill_mode: str = "auto"
-    chunk_size: int | None = None
-    stop_rule: str = "newline_token"
-    thinking: bool = True
-    spans: tuple[tuple[str, str], ...] = ()  # per-method span overrides
-    decode_engine: str = "auto"
+    spans: tuple[tuple[str, str], ...] = ()
+    decode: DecodeOptions = field(default_factory=DecodeOptions)
 
 
 @dataclass(frozen=True)
@@ -60,10 +65,7 @@ class ScoreTask:
             state = host.cache[s] = (detectors, directions)
         detectors, directions = state
         return run_trial(host.model, self.trial, detectors, directions=directions,
-                         max_new_tokens=s.max_new_tokens, gate_threshold=s.gate_threshold,
-                         prefill_mode=s.prefill_mode, chunk_size=s.chunk_size,
-                         stop_rule=s.stop_rule, thinking=s.thinking,  # type: ignore[arg-type]
-                         decode_engine=s.decode_engine)
+                         decode=s.decode, gate_threshold=s.gate_threshold)
 
 
 @dataclass(frozen=True)
@@ -83,28 +85,18 @@ class EnginePathsTask:
 def score_trials_distributed(
     model_name_or_path: Any,
     trials: Sequence[Any],
+    options: ScoreOptions | None = None,
     *,
+    method: str | None = None,
     workers: int = 2,
     ray_address: str | None = None,
     load_kwargs: dict[str, Any] | None = None,
-    method: str | None = None,
-    methods: Sequence[str] | None = None,
-    variant: str = "raw",
-    max_new_tokens: int = 50,
     out_dir: str | Path | None = None,
-    seed: int = 0,
-    gate_threshold: float | None = None,
     progress: bool = True,
-    prefill_mode: str = "auto",
-    chunk_size: int | None = None,
-    stop_rule: str = "newline_token",
-    thinking: bool = True,
-    spans: dict[str, str] | None = None,
     pool: RayPool | None = None,
     on_record: Callable[[ResultEvent], None] | None = None,
-    decode_engine: str = "auto",
     on_resume: Callable[[int, int], None] | None = None,
-    **pool_kwargs: Any,
+    **kwargs: Any,
 ) -> Any:
     """:func:`locos_tl.experiments.score.score_trials` on ``workers`` Ray actors; identical results.
 
@@ -126,15 +118,19 @@ def score_trials_distributed(
             (or Ray already initialised in this process).
         load_kwargs: :func:`locos_tl.load_model` arguments (``dtype``, ``device``,
             ``device_map``); default: float32, CUDA when the worker has a GPU.
-        method, methods, variant, max_new_tokens, out_dir, seed, gate_threshold,
-            progress, prefill_mode, chunk_size, stop_rule, thinking, spans,
-            decode_engine, on_resume: as in :func:`~locos_tl.experiments.score.score_trials`.
+        options: the run's :class:`~locos_tl.runs.options.ScoreOptions` (None: defaults).
+        method: one method name (a :class:`HeadScores` is returned); not beside
+            ``methods=``.
+        out_dir, progress, on_resume: as in
+            :func:`~locos_tl.experiments.score.score_trials`.
         pool: an open :func:`model_pool` to run on (left open); default: a pool for
             this call.
         on_record: driver-side callback per finished trial (progress, tests).
-        **pool_kwargs: :class:`RayPool` options (``num_gpus_per_worker``,
-            ``num_cpus_per_worker``, ``max_restarts``, ``max_attempts``,
-            ``ray_init_kwargs``).
+        **kwargs: fields of :class:`~locos_tl.runs.options.ScoreOptions` and of its
+            ``decode`` (``methods``, ``variant``, ``max_new_tokens``, ``stop_rule``, ...),
+            overriding ``options``; the others are :class:`RayPool` options
+            (``num_gpus_per_worker``, ``num_cpus_per_worker``, ``max_restarts``,
+            ``max_attempts``, ``ray_init_kwargs``).
 
     Returns:
         :class:`~locos_tl.heads.HeadScores`, or a ``{method: HeadScores}`` dict when
@@ -153,15 +149,22 @@ def score_trials_distributed(
     require_ray()  # no Ray: say how to install it before anything else
     from locos_tl.runs.runner import ScoringRun, check_run_options
 
+    names = set(ScoreOptions.option_names())
+    pool_kwargs = {k: v for k, v in kwargs.items() if k not in names}
+    given = {k: v for k, v in kwargs.items() if k in names}
+    if method is not None:
+        if "methods" in given:
+            raise ValueError(f"give method or methods, not both (method={method!r}, "
+                             f"methods={given['methods']!r}): methods=[...] scores every "
+                             "name in it")
+        given["methods"] = (method,)
+    score = ScoreOptions.from_kwargs(options, where="score_trials_distributed", **given)
     opts = check_run_options(  # unknown method, span, ...: fail before Ray
-        trials, method=method, methods=methods, spans=spans, variant=variant,
-        max_new_tokens=max_new_tokens, gate_threshold=gate_threshold, stop_rule=stop_rule,
-        thinking=thinking, seed=seed)
-    spec = ScoreSpec(methods=opts.methods, variant=opts.variant,
-                     max_new_tokens=opts.max_new_tokens, gate_threshold=opts.gate_threshold,
-                     prefill_mode=prefill_mode, chunk_size=chunk_size,
-                     stop_rule=opts.stop_rule, thinking=thinking,
-                     spans=tuple(sorted(opts.overrides.items())), decode_engine=decode_engine)
+        trials, score, as_dict=method is None)
+    decode = opts.decode
+    spec = ScoreSpec(methods=opts.methods, variant=score.variant,
+                     gate_threshold=score.gate_threshold,
+                     spans=tuple(sorted(opts.overrides.items())), decode=decode)
     with model_pool_for(model_name_or_path, pool, workers=workers, ray_address=ray_address,
                         load_kwargs=load_kwargs, **pool_kwargs) as pool:
         info = pool.info()
@@ -175,7 +178,8 @@ def score_trials_distributed(
                          dtype=info["provenance"]["model"]["dtype"], out_dir=out_dir,
                          model_hashes=info.get("model_hashes"))
         meta = dict(info["provenance"])
-        meta["engine"] = pool.map([EnginePathsTask(prefill_mode, decode_engine)])[0]
+        meta["engine"] = pool.map([EnginePathsTask(decode.prefill_mode,
+                                                   decode.decode_engine)])[0]
         todo = run.start(meta, on_resume)
 
         def write(ev: ResultEvent) -> None:
