@@ -1,4 +1,4 @@
-"""What the greedy answers of ``benchmarks/elicited_targets.py`` name: the target, a
+"""What the greedy answers of ``experiments/elicited_targets.py`` name: the target, a
 distractor, or neither needle's character, per link kind. Read from that run's stored
 responses (nothing is generated); the trials are rebuilt with the model's tokenizer, as
 the run built them. "Names" is the published rates' rule: ``contains`` and
@@ -7,7 +7,7 @@ the run built them. "Names" is the published rates' rule: ``contains`` and
 Prints the table and the most frequent answers that name neither; writes
 ``answers.csv`` (one row per trial) and ``breakdown.csv`` (per cell and link kind)::
 
-    python benchmarks/answer_breakdown.py --run runs/elicited_targets/hop_eval \\
+    python experiments/answer_breakdown.py --run runs/elicited_targets/hop_eval \\
         --model smollm2-hop --tokenizer smollm2-135m-nolima --needle-set hop_eval \\
         --publish docs/real_models/smollm2-hop/hop_eval/answers
 """
@@ -31,7 +31,7 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", required=True, type=Path,
-                    help="the --out directory of benchmarks/elicited_targets.py")
+                    help="the --out directory of experiments/elicited_targets.py")
     ap.add_argument("--model", required=True, help="the model's folder under --run")
     ap.add_argument("--tokenizer", required=True,
                     help="registry name or directory whose tokenizer built the trials")

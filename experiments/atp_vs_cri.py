@@ -8,7 +8,7 @@ top-k overlap, as ``compare_rankings``) and per trial (Spearman of one trial's A
 against the same trial's CRI). Also the cost per trial. Writes
 ``agreement_atp_cri.csv`` and ``atp_per_trial.csv`` into ``--publish``::
 
-    python benchmarks/atp_vs_cri.py --run docs/real_models/smollm2 \\
+    python experiments/atp_vs_cri.py --run docs/real_models/smollm2 \\
         --publish docs/real_models/smollm2/patch
 """
 

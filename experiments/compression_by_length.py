@@ -13,7 +13,7 @@ For each prompt length, on a shipped organism (default ``retrieval-long``, book 
 Writes ``compression_<T>.csv`` (the sweep's tidy frame) per length under ``--out``;
 a length already written is read back (resumable).
 
-Usage: ``python benchmarks/compression_by_length.py [--lengths 1024,2048,4088]
+Usage: ``python experiments/compression_by_length.py [--lengths 1024,2048,4088]
 [--n-eval 40] [--n-detect 16] [--out runs/compression_by_length]``
 """
 

@@ -10,7 +10,7 @@ new links, before any evaluation.
 A model is a registry name or a ``locos elicit`` run directory (merged into
 ``RUN/merged`` first). Resumable: models already in ``--out`` are skipped::
 
-    python benchmarks/cross_kind_validation.py \\
+    python experiments/cross_kind_validation.py \\
         --models gemma-3-270m,gemma3-270m-nolima-v1,runs/elicit/gemma-kl1 \\
         --out runs/cross_kind_validation/gemma.csv
 """

@@ -10,7 +10,7 @@ and exact match) and perplexity on Mohicans part 1. A model is a registry name o
 ``locos elicit`` run directory (its adapter is merged into ``RUN/merged`` first).
 Resumable (``--out``); prints one table and writes ``targets.csv``::
 
-    python benchmarks/elicited_targets.py --needle-set hop_eval \\
+    python experiments/elicited_targets.py --needle-set hop_eval \\
         --out runs/elicited_targets/hop_eval --publish docs/real_models/smollm2-nolima
 """
 

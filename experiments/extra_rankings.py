@@ -5,7 +5,7 @@ row for every ranking, with paired tests of LOCOS against each and of each again
 random heads (``paired_k{k}.csv``). The baseline must equal the published one (same
 greedy answers); the script says whether it does. Resumable (``--out``)::
 
-    python benchmarks/extra_rankings.py --run docs/real_models/smollm2 --k 10 \\
+    python experiments/extra_rankings.py --run docs/real_models/smollm2 --k 10 \\
         --publish docs/real_models/smollm2
 """
 

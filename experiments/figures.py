@@ -1,5 +1,6 @@
-"""Saving a benchmark's plotly figure: the figure's JSON or HTML, and a PNG where an
-exporter works (``docs/scripts/render_figures.py``)."""
+"""Saving a script's plotly figure, for ``experiments/`` and ``benchmarks/``: the
+figure's JSON or HTML, and a PNG where an exporter works
+(``docs/scripts/render_figures.py``)."""
 
 from __future__ import annotations
 

@@ -10,10 +10,10 @@ distractors (``docs/real_models/smollm2``). The p-value of an overlap is the
 hypergeometric chance of at least that many shared heads between two random top-k sets.
 Prints one table and writes it to ``--out``::
 
-    python benchmarks/head_overlap.py --out docs/real_models/smollm2-nolima/head_overlap.csv
-    python benchmarks/head_overlap.py --elicited smollm2-hop/protocol \\
+    python experiments/head_overlap.py --out docs/real_models/smollm2-nolima/head_overlap.csv
+    python experiments/head_overlap.py --elicited smollm2-hop/protocol \\
         --out docs/real_models/smollm2-hop/protocol/head_overlap.csv
-    python benchmarks/head_overlap.py --elicited gemma3-hop/protocol --base gemma3 \\
+    python experiments/head_overlap.py --elicited gemma3-hop/protocol --base gemma3 \\
         --literal none --first none --out docs/real_models/gemma3-hop/protocol/head_overlap.csv
 """
 

@@ -14,7 +14,7 @@ Trials: the published run's held-out ``onehop`` evaluation trials (1000 tokens, 
 distractor), rebuilt with ``locos reproduce --stages trials``. Writes CSVs and figures
 into ``--publish``::
 
-    python benchmarks/hop_locus.py --publish docs/real_models/smollm2-nolima/hop_locus
+    python experiments/hop_locus.py --publish docs/real_models/smollm2-nolima/hop_locus
 """
 
 from __future__ import annotations

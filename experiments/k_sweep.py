@@ -15,7 +15,7 @@ controls run, for once every ranking is at the floor. Writes ``ablation.csv`` (c
 with 95 % bootstrap intervals), ``paired.csv`` (tests) and ``k_sweep.{html,png}``
 (contains against k)::
 
-    python benchmarks/k_sweep.py --run runs/real/gemma-nolima-hop --ks 1,5,10 \\
+    python experiments/k_sweep.py --run runs/real/gemma-nolima-hop --ks 1,5,10 \\
         --methods locos,dla,wu,atp,qrhead \\
         --publish docs/real_models/gemma3-hop/protocol/k_sweep
 """

@@ -10,7 +10,7 @@ the BOS token the tokenizer puts before text first).
 Writes ``search.csv`` (every validation row) and ``search.{html,png}`` (validation
 ``onehop`` target rate and perplexity ratio against step, one line a weight)::
 
-    python benchmarks/kl_weight_search.py --runs runs/elicit/gemma-kl1 runs/elicit/gemma-kl3 \\
+    python experiments/kl_weight_search.py --runs runs/elicit/gemma-kl1 runs/elicit/gemma-kl3 \\
         --reference gemma3-270m-nolima-v1=runs/elicit/gemma-hop --val-book mohicans_part2 \\
         --publish docs/real_models/gemma3-hop/kl_search
 """

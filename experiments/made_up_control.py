@@ -9,7 +9,7 @@ per model: how often the answer names the target and the distractor, an exact si
 test among the answers that name exactly one of them, and Wilcoxon's signed-rank test
 on the teacher-forced name margin (log P(target) - log P(distractor), nats)::
 
-    python benchmarks/made_up_control.py --n 150
+    python experiments/made_up_control.py --n 150
 """
 
 from __future__ import annotations

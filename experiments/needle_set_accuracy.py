@@ -19,11 +19,11 @@ The committed tables (``docs/real_models/needle_set_accuracy_*.csv``) were made 
     # haystack (locos_tl/data/haystacks/everyday_prose.txt) while the needles were
     # written, one test per entry and question type; the wording was tuned on these only
     # final (other haystack and names, no tuning after it)
-    python benchmarks/needle_set_accuracy.py --model smollm2-135m-instruct \\
+    python experiments/needle_set_accuracy.py --model smollm2-135m-instruct \\
         --haystack locos_tl/data/books/mohicans_part1.txt --haystack-index 1 \\
         --depths 10,50,90 --rotate-depths --out runs/needles/smollm2_final.csv \\
         --table docs/real_models/needle_set_accuracy_smollm2.csv
-    python benchmarks/needle_set_accuracy.py --model gemma-3-270m --template completion \\
+    python experiments/needle_set_accuracy.py --model gemma-3-270m --template completion \\
         --no-chat-template --haystack locos_tl/data/books/mohicans_part1.txt \\
         --haystack-index 1 --depths 10,50,90 --rotate-depths \\
         --out runs/needles/gemma3_final.csv \\
@@ -33,7 +33,7 @@ The committed tables (``docs/real_models/needle_set_accuracy_*.csv``) were made 
 different characters.
 """
 
-# ruff: noqa: T201  (a benchmark prints its tables)
+# ruff: noqa: T201  (a script prints its tables)
 from __future__ import annotations
 
 import argparse
@@ -48,7 +48,6 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
-from locos_tl.engine.answers import passes_gate
 from locos_tl.data import (
     Haystack,
     PromptBuilder,
@@ -57,6 +56,7 @@ from locos_tl.data import (
     load_needle_set,
 )
 from locos_tl.data.hub import load_tokenizer
+from locos_tl.engine.answers import passes_gate
 from locos_tl.experiments.task_metrics import nolima_contains, score_nolima
 
 MAX_NEW_TOKENS = 50

@@ -7,7 +7,7 @@ without BOS looks at a distribution the model never meets (the recipe of
 12 evenly spaced windows a book, float32, Hugging Face forward. Prints and writes
 ``perplexity_bos.csv``::
 
-    python benchmarks/perplexity_bos.py --model gemma3-270m-nolima-v1 --base gemma-3-270m \\
+    python experiments/perplexity_bos.py --model gemma3-270m-nolima-v1 --base gemma-3-270m \\
         --out docs/real_models/gemma3-hop/perplexity_bos.csv
 """
 
@@ -45,7 +45,8 @@ def main() -> None:
         step = (len(ids) - tokens) // args.windows
         total = count = 0.0
         for c in range(args.windows):
-            x = torch.tensor([([tok.bos_token_id] if bos else []) + ids[c * step:c * step + tokens]])
+            first = [tok.bos_token_id] if bos else []
+            x = torch.tensor([first + ids[c * step:c * step + tokens]])
             with torch.no_grad():
                 logits = m(input_ids=x).logits[0, :-1].float()
             total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))

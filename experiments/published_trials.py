@@ -1,6 +1,6 @@
 """The trials of a published protocol run, rebuilt from its ``args.json`` with ``locos
 reproduce --stages trials`` (the needle set, evaluation lengths and distractors it
-recorded), for benchmarks that add measurements to that run."""
+recorded), for experiments that add measurements to that run."""
 
 from __future__ import annotations
 

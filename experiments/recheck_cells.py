@@ -9,7 +9,7 @@ the baseline is always generated too. Exit code 1 when an answer differs.
 
 Usage::
 
-    python benchmarks/recheck_cells.py --model smollm2-135m-instruct \\
+    python experiments/recheck_cells.py --model smollm2-135m-instruct \\
         --run runs/real/smollm2 --published docs/real_models/smollm2 \\
         --trials direct_1000 --cells locos:5 random:5:0 --workers 2
 """

@@ -11,7 +11,7 @@ Wilcoxon on the teacher-forced name margin (:func:`locos_tl.paired_tests`).
 and every generation record (``ablate/``); ``--resume-from`` starts ``--out`` from
 those records, so a clone rebuilds the published tables without generating::
 
-    python benchmarks/set_difference_ablation.py --run runs/real/smollm2-nolima-hop \\
+    python experiments/set_difference_ablation.py --run runs/real/smollm2-nolima-hop \\
         --pairs locos:dla,locos:attention_spatial --ks 5,10,20 \\
         --publish docs/real_models/smollm2-hop/protocol/set_difference
 """

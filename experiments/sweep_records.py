@@ -1,4 +1,4 @@
-"""The generation records of a benchmark's ablation sweep (the ``out_dir`` of
+"""The generation records of an experiment's ablation sweep (the ``out_dir`` of
 :func:`locos_tl.ablation_sweep`), published beside its tables so that a clone rebuilds
 them without generating: ``--publish`` copies them, ``--resume-from`` starts from them."""
 

@@ -18,7 +18,7 @@ same model with a LoRA adapter on its MLPs, trained with `locos elicit` until it
 the hop. Its attention weights are the base model's, bit for bit.
 
 This notebook reads the published results in `docs/real_models/smollm2-nolima/`
-(`benchmarks/elicited_targets.py` and `locos reproduce`; `docs/elicited.md` gives the
+(`experiments/elicited_targets.py` and `locos reproduce`; `docs/elicited.md` gives the
 commands and the full tables) and loads no model, so it runs in seconds. The questions
 are held out: links, names and book (*The Last of the Mohicans*) were never trained on.
 One distractor needle, 1000-token prompts, chat template, greedy answers."""),

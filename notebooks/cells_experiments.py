@@ -232,7 +232,7 @@ attended token, so it keeps **literal** accuracy and loses non-literal accuracy.
 
 This run has 8 trials a task (one trial moves an accuracy by 0.125; the next cell
 prints its numbers). The table in `docs/compression.md` gives the same sweep on 20
-trials a task (`benchmarks/compression_by_length.py`, whose first 8 trials a task are
+trials a task (`experiments/compression_by_length.py`, whose first 8 trials a task are
 these). With per-query-head budgets, at 20 % of the cache LOCOS keeps non-literal
 accuracy at 0.95 where Wu's ranking gives 0.05, while both keep literal accuracy:
 LOCOS's top heads are the two non-literal writers and the literal copiers, Wu's only the

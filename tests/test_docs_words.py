@@ -128,7 +128,8 @@ def test_no_lab_log_words(path):
 #: a comment or docstring that names an issue of this project by its number: it says
 #: where a change came from, not why the code is as it is
 ISSUE_NUMBER = r"\bissues?\s*#?\d+"
-SOURCES = sorted(p for part in ("locos_tl", "tests", "benchmarks", "scripts")
+SOURCES = sorted(p for part in ("locos_tl", "tests", "benchmarks", "experiments",
+                                "scripts")
                  for p in (REPO / part).rglob("*.py"))
 
 

@@ -1,5 +1,5 @@
-"""The import graph of ``locos_tl/`` and ``benchmarks/``: no cycles, and the pipeline
-packages never import the package root (its lazy public API).
+"""The import graph of ``locos_tl/``, ``benchmarks/`` and ``experiments/``: no cycles,
+and the pipeline packages never import the package root (its lazy public API).
 
 Every import counts, at any depth (function bodies too), and so do imports by a constant
 string (``importlib.import_module("...")``, ``runpy.run_module("...")``,
@@ -15,7 +15,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 PKG = REPO / "locos_tl"
-BENCH = REPO / "benchmarks"
 #: folders of locos_tl that must not import the package root (``import locos_tl``,
 #: ``from locos_tl import NAME`` of a public name): they sit below the public API
 NO_ROOT = ("experiments", "models", "engine", "detectors", "runs", "data")
@@ -33,10 +32,10 @@ def _package_modules() -> dict[str, Path]:
     return out
 
 
-def _bench_modules() -> dict[str, Path]:
-    """The benchmark scripts import each other by their file names (the script's
-    folder is on ``sys.path``)."""
-    return {p.stem: p for p in BENCH.glob("*.py")}
+def _script_modules(folder: str) -> dict[str, Path]:
+    """The scripts of ``folder`` (``benchmarks``, ``experiments``) import each other by
+    their file names (the script's folder is on ``sys.path``)."""
+    return {p.stem: p for p in (REPO / folder).glob("*.py")}
 
 
 def _targets(name: str, path: Path) -> list[tuple[str, int, bool]]:
@@ -126,12 +125,12 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return comps
 
 
-@pytest.mark.parametrize("part", ["locos_tl", "benchmarks"])
+@pytest.mark.parametrize("part", ["locos_tl", "benchmarks", "experiments"])
 def test_no_import_cycles(part):
     if part == "locos_tl":
         graph = import_graph(_package_modules(), root="locos_tl")
     else:
-        graph = import_graph(_bench_modules(), root=None)
+        graph = import_graph(_script_modules(part), root=None)
     cycles = find_cycles(graph)
     assert not cycles, "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 

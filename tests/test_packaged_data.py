@@ -129,7 +129,8 @@ def test_given_data_dir_must_have_the_release_layout(tmp_path):
 def test_no_library_code_or_default_reads_a_folder_beside_the_repository():
     pattern = re.compile(r"\.\./shared|/ \"shared\"|\"shared\" /")
     offenders = [f"{p.relative_to(REPO)}:{i}"
-                 for d in ("locos_tl", "benchmarks", "notebooks", "scripts", "tests")
+                 for d in ("locos_tl", "benchmarks", "experiments", "notebooks", "scripts",
+                           "tests")
                  for p in (REPO / d).rglob("*") if p.suffix in (".py", ".sh", ".ipynb")
                  and p.name != Path(__file__).name
                  for i, line in enumerate(p.read_text().splitlines(), 1)

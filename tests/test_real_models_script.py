@@ -43,10 +43,10 @@ def script():
     return _Protocol()
 
 
-def test_benchmark_script_is_a_wrapper_of_the_library_command():
+def test_experiment_script_is_a_wrapper_of_the_library_command():
     import runpy
 
-    source = (Path(__file__).resolve().parents[1] / "benchmarks" / "real_models.py")
+    source = (Path(__file__).resolve().parents[1] / "experiments" / "real_models.py")
     ns = runpy.run_path(str(source), run_name="not_main")
     from locos_tl.experiments.protocol.main import main
 

@@ -1,4 +1,4 @@
-"""benchmarks/recheck_cells.py: published cells generated again, compared token for token."""
+"""experiments/recheck_cells.py: published cells generated again, compared token for token."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "recheck_cells.py"
+SCRIPT = Path(__file__).resolve().parents[1] / "experiments" / "recheck_cells.py"
 
 
 @pytest.fixture(scope="module")
