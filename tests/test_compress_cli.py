@@ -84,7 +84,7 @@ def test_compress_writes_the_sweep_of_the_api(organism, setup):
     assert meta["model"]["n_key_value_heads"] == 2
     # the printed table: accuracy per ranking x fraction x task, from the CSV
     text = res.output
-    assert "acc literal" in text and "acc nonliteral" in text
+    assert "first token literal" in text and "first token nonliteral" in text
     # fraction 0.1 of ~100 context tokens is below the 4 + 8 floor: one note says so
     assert text.count("below the sinks + recent floor") == 1
     assert "note: fractions [0.1] fell below" in text
@@ -93,26 +93,30 @@ def test_compress_writes_the_sweep_of_the_api(organism, setup):
                if re.match(r"\s*wu\s+greedy\s+0\.25", line))
     assert [float(x) for x in row.split()[3:5]] == pytest.approx(  # printed with 3 decimals
         [acc["literal"], acc["nonliteral"]], abs=5e-4)
-    contains = (a[(a.ranking == "wu") & (a.fraction == 0.25)].groupby("task")
-                ["answer_correct"].mean())
-    assert "contains literal" in text and "contains nonliteral" in text
+    word = (a[(a.ranking == "wu") & (a.fraction == 0.25)].groupby("task")
+            ["answer_correct"].mean())
+    assert "word match literal" in text and "word match nonliteral" in text
+    assert "contains" not in text  # NoLiMa's substring test is not what is printed
     assert [float(x) for x in row.split()[5:7]] == pytest.approx(
-        [contains["literal"], contains["nonliteral"]], abs=5e-4)
-    assert "accuracy (contains)" not in (out / "compression.html").read_text()
+        [word["literal"], word["nonliteral"]], abs=5e-4)
+    assert "accuracy (first answer token)" in (out / "compression.html").read_text()
+    assert "accuracy (answer as a whole word)" not in (out / "compression.html").read_text()
 
     # progress is a tqdm bar over the trials, as in every other command
     assert re.search(rf"compressing: 100%.*{len(trials)}/{len(trials)}", text)
     assert not re.search(r"\d+/\d+ trials", text)
 
     # a rerun resumes: nothing is recomputed, the rows stay
-    again = runner.invoke(app, _args(setup, out, "--score", "contains"))
+    again = runner.invoke(app, _args(setup, out, "--score", "word-match"))
     assert again.exit_code == 0, again.output
     assert f"skipping {len(trials)} of {len(trials)}" in again.output
     assert len(pd.read_csv(out / "compression.csv")) == len(csv)
     # --score picks what the figure plots, not a setting of the run
-    assert "accuracy (contains)" in (out / "compression.html").read_text()
-    bad = runner.invoke(app, _args(setup, out, "--score", "rouge"))
-    assert bad.exit_code == 2 and "'rouge' is not one of first-token, contains" in bad.output
+    assert "accuracy (answer as a whole word)" in (out / "compression.html").read_text()
+    for gone in ("rouge", "contains"):
+        bad = runner.invoke(app, _args(setup, out, "--score", gone))
+        assert bad.exit_code == 2
+        assert f"'{gone}' is not one of first-token, word-match" in bad.output
     # other settings in the same directory are refused
     other = runner.invoke(app, [*_args(setup, out), "--unit", "query_head"])
     assert other.exit_code == 2

@@ -106,9 +106,9 @@ def test_missing_columns_are_named():
         plot.compression_curves(sweep_frame().iloc[:0])
 
 
-def test_y_answer_correct_plots_contains():
-    """``y="answer_correct"`` plots the answer-in-response score (real models answer in
-    a sentence, so their first token is rarely the name)."""
+def test_y_answer_correct_plots_the_word_match():
+    """``y="answer_correct"`` plots the whole-word answer test (real models answer in
+    a sentence, so their first token is rarely the name), and says so on the axis."""
     df = sweep_frame()
     rng = np.random.default_rng(1)
     df["answer_correct"] = rng.random(len(df)) < 0.5
@@ -120,8 +120,10 @@ def test_y_answer_correct_plots_contains():
     assert list(tr.y) == pytest.approx(want)
     full = df[(df.task == "literal") & (df.fraction == 1.0)].answer_correct.mean()
     assert fig.layout.shapes[0].y0 == pytest.approx(full)  # the full-cache line
-    assert fig.layout.yaxis.title.text == "accuracy (contains)"
-    assert max(_traces(plot.compression_curves(df), 1)["wu"].y) == 0.0
+    assert fig.layout.yaxis.title.text == "accuracy (answer as a whole word)"
+    first = plot.compression_curves(df)
+    assert max(_traces(first, 1)["wu"].y) == 0.0
+    assert first.layout.yaxis.title.text == "accuracy (first answer token)"
     with pytest.raises(ValueError, match="y='output'"):
         plot.compression_curves(df, y="output")
     with pytest.raises(ValueError, match=r"lacks column\(s\) \['answer_correct'\]"):

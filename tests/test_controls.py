@@ -31,7 +31,13 @@ from locos_tl.data.hub import ControlExample
 from locos_tl.engine.answers import rougeL_f
 from locos_tl.errors import DataFormatError
 from locos_tl.experiments.evaluate import BASELINE, dissociation_score
-from locos_tl.experiments.task_metrics import control_exact_match, nolima_contains, score_control
+from locos_tl.experiments.task_metrics import (
+    answer_word_match,
+    control_exact_match,
+    first_token_match,
+    nolima_contains,
+    score_control,
+)
 from locos_tl.models.tiny import byte_bpe_tokenizer
 from locos_tl.organisms import SMALL_ORGANISM, make_echo_trials, make_trials
 from locos_tl.organisms import vocab as V
@@ -51,6 +57,25 @@ def test_control_exact_match_hand_cases() -> None:
               meta={"answer_aliases": ["Shakespeare"]})
     assert score_control("shakespeare", t) == {"exact_match": 1.0, "contains": 0.0}
     assert score_control("Shakespeare wrote it", t) == {"exact_match": 0.0, "contains": 1.0}
+
+
+def test_the_three_answer_in_response_tests_hand_cases() -> None:
+    """contains (substring), word match (whole word), first token: where they differ."""
+    cases = {  # response -> (contains, word match) for the answer "Yuki"
+        "The character is Yuki.": (1.0, True),
+        "Yukiko": (1.0, False),  # inside a longer word: a substring, no word
+        "Yuki-san": (1.0, True),  # "-" is no word character
+        "yuki": (0.0, False),  # both case-sensitive
+        "  Yuki  ": (1.0, True),
+        "": (0.0, False),
+    }
+    for response, (contains, word) in cases.items():
+        assert nolima_contains(response, ["Yuki"]) == contains, response
+        assert answer_word_match(response, "Yuki") is word, response
+    assert answer_word_match("a+b = 3", " a+b ")  # the answer is stripped and escaped
+    assert not answer_word_match("xa+b", "a+b")
+    assert first_token_match(42, (42, 7)) and not first_token_match(5, (42, 7))
+    assert not first_token_match(None, (42,))  # nothing generated
 
 
 def test_dissociation_score_defaults_to_exact_match() -> None:

@@ -42,6 +42,9 @@ FIGURE_FILE = "compression.html"
 DEFAULT_FRACTIONS = "0.02,0.05,0.1,0.2,0.5,1.0"
 #: Controls swept beside the rankings (budgets that use no head score).
 CONTROLS = ("uniform", "random")
+#: ``--score``: the answer test the figure plots -> its column of compression.csv
+#: (definitions: :mod:`locos_tl.experiments.task_metrics`)
+SCORES = {"first-token": "correct", "word-match": "answer_correct"}
 
 
 def parse_fractions(text: str) -> list[float]:
@@ -220,18 +223,20 @@ def done_trials(out: Path) -> set[str]:
 
 
 def summary_table(df: Any) -> Any:
-    """Accuracy per ranking (x allocation) x fraction, one column per task (``acc``: the
-    first answer token; ``contains``: the answer string in the response), plus the
-    mean retained share of the cache and of its bytes."""
+    """Accuracy per ranking (x allocation) x fraction, one column per task and test
+    (``first token``: the first response token is a first token of the answer, column
+    ``correct``; ``word match``: the answer as a whole word in the response, column
+    ``answer_correct``; :mod:`locos_tl.experiments.task_metrics`), plus the mean
+    retained share of the cache and of its bytes."""
     cols = ["ranking", "allocation", "fraction"]
     acc = df.pivot_table(index=cols, columns="task", values="correct", aggfunc="mean")
-    acc.columns = [f"acc {c}" for c in acc.columns]
+    acc.columns = [f"first token {c}" for c in acc.columns]
     if "answer_correct" in df.columns:
         has = df.assign(answer_correct=df["answer_correct"].astype(float))
-        contains = has.pivot_table(index=cols, columns="task", values="answer_correct",
-                                   aggfunc="mean")
-        contains.columns = [f"contains {c}" for c in contains.columns]
-        acc = acc.join(contains)
+        word = has.pivot_table(index=cols, columns="task", values="answer_correct",
+                               aggfunc="mean")
+        word.columns = [f"word match {c}" for c in word.columns]
+        acc = acc.join(word)
     kept = df.groupby(cols).agg(kept=("retained_fraction", "mean"),
                                 kv_bytes=("kv_bytes", "sum"),
                                 full_kv_bytes=("full_kv_bytes", "sum"))
@@ -282,9 +287,10 @@ def compress(
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
     score: Annotated[str, typer.Option(
-        help="What the figure plots: first-token (the first answer token is right) or "
-             "contains (the answer is in the response; for models that answer in a "
-             "sentence). The table prints both.")] = "first-token",
+        help="What the figure plots: first-token (the first response token is a first "
+             "token of the answer) or word-match (the answer occurs in the response as a "
+             "whole word; for models that answer in a sentence). The table prints "
+             "both.")] = "first-token",
 ) -> None:
     """Sweep the retained fraction of the KV cache under each head ranking and score the
     greedy answers (docs/compression.md)."""
@@ -295,7 +301,7 @@ def compress(
     check_choice(unit, UNITS, "--unit")
     check_choice(allocation, ALLOCATIONS, "--allocation")
     check_choice(group_reduce, ("max", "sum"), "--group-reduce")
-    check_choice(score, ("first-token", "contains"), "--score")
+    check_choice(score, SCORES, "--score")
     fraction_list = parse_fractions(fractions)
     controls = parse_controls(include)
     check_dtype(dtype)
@@ -391,7 +397,7 @@ def compress(
     from locos_tl.plot import compression_curves
 
     title = f"KV-cache compression ({unit} budgets), {len(trial_list)} trials"
-    y = "correct" if score == "first-token" else "answer_correct"
+    y = SCORES[score]
     write_figure(compression_curves(df, title=title, y=y), out / FIGURE_FILE)
     typer.echo("\naccuracy by ranking, allocation and retained fraction "
                "(kept: share of the context cache's entries; bytes kept: of its K/V bytes)")

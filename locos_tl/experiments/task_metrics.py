@@ -12,6 +12,17 @@ exact match and token F1 after SQuAD answer normalisation of the text inside an
 controls of arXiv 2607.01002 (Sec. 4, parametric-knowledge and 1-digit arithmetic
 questions) by exact match after lower-casing and stripping, as the authors' release
 scores them (docs/concepts.md, protocol table), with NoLiMa ``contains`` kept as an option.
+
+"The answer is in the response" is three different tests; each has one name and one
+definition, here:
+
+- ``contains`` (:func:`nolima_contains`): a gold string (answer or alias) is a substring of
+  the stripped response, case-sensitive (NoLiMa). The ablation metric ``contains``.
+- word match (:func:`answer_word_match`): the answer occurs in the response as a whole
+  word (not inside a longer word), case-sensitive. The KV-compression column
+  ``answer_correct`` (a published column name: kept).
+- first token (:func:`first_token_match`): the first generated token is a first token of
+  the answer. The KV-compression column ``correct`` (published: kept).
 """
 
 from __future__ import annotations
@@ -41,6 +52,22 @@ def nolima_contains(response: str, golds: Sequence[str]) -> float:
     (case-sensitive, as in NoLiMa's evaluator), else 0.0."""
     text = response.strip()
     return float(any(g in text for g in golds))
+
+
+def answer_word_match(response: str, answer: str) -> bool:
+    """The answer occurs in the response as a whole word: not preceded or followed by a
+    word character (case-sensitive; the answer is stripped first). ``"Yuki"`` matches
+    ``"The character is Yuki."`` but not ``"Yukiko"``, which NoLiMa's ``contains``
+    (:func:`nolima_contains`) counts."""
+    a = re.escape(answer.strip())
+    return re.search(rf"(?<!\w){a}(?!\w)", response) is not None
+
+
+def first_token_match(first_token: int | None, answer_first_tokens: Sequence[int]) -> bool:
+    """The first generated token is a first token of the answer (one of its tokenizations'
+    first ids, :func:`locos_tl.engine.answers.answer_token_variants`); ``False`` when
+    nothing was generated."""
+    return first_token is not None and first_token in answer_first_tokens
 
 
 def extract_answer_tag(response: str) -> str:

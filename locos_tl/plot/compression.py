@@ -25,6 +25,11 @@ def _wilson(k: np.ndarray, n: np.ndarray, z: float = 1.959964) -> tuple[np.ndarr
     return np.clip(mid - half, 0, 1), np.clip(mid + half, 0, 1)
 
 
+#: the y axis title of each score column
+Y_TITLES = {"correct": "accuracy (first answer token)",
+            "answer_correct": "accuracy (answer as a whole word)"}
+
+
 def compression_curves(
     df: pd.DataFrame,
     *,
@@ -57,10 +62,11 @@ def compression_curves(
         title: figure title.
         x: the column on the x axis: ``"retained_fraction"`` (measured share of the
             cache kept; default) or ``"fraction"`` (the requested budget).
-        y: the score: ``"correct"`` (the first answer token is right; default, the
-            organisms' answer is one token) or ``"answer_correct"`` (the answer string
-            is in the response: NoLiMa's "contains", for models that answer in a
-            sentence).
+        y: the score: ``"correct"`` (the first response token is a first token of the
+            answer; default, the organisms' answer is one token) or ``"answer_correct"``
+            (the answer occurs in the response as a whole word, for models that answer
+            in a sentence; not NoLiMa's substring ``contains``). Definitions:
+            :mod:`locos_tl.experiments.task_metrics`.
 
     Returns:
         A figure with one ``Scatter`` (lines+markers, error bars) per task and line;
@@ -76,7 +82,8 @@ def compression_curves(
                          "share kept) or 'fraction' (requested budget)")
     if y not in ("correct", "answer_correct"):
         raise ValueError(f"compression_curves: y={y!r}; use 'correct' (first answer "
-                         "token) or 'answer_correct' (answer in the response)")
+                         "token) or 'answer_correct' (the answer as a whole word in the "
+                         "response)")
     _check_columns(df, ["ranking", "task", y, x])
     if df.empty:
         raise ValueError("compression_curves: the data frame has no row")
@@ -142,7 +149,7 @@ def compression_curves(
                          ticktext=[f"{t:.3g}%" for t in ticks],
                          title_text=("retained KV cache" if x == "retained_fraction"
                                      else x) + " (% of full, log)", row=1, col=c)
-    fig.update_yaxes(title_text="accuracy" if y == "correct" else "accuracy (contains)",
+    fig.update_yaxes(title_text=Y_TITLES[y],
                      range=[-0.03, 1.03], row=1, col=1)
     fig.update_layout(title=title or "accuracy under head-guided KV-cache compression",
                       hovermode="closest", width=None if len(tasks) < 3 else 420 * len(tasks))

@@ -19,7 +19,6 @@ which can flip a near-tie argmax.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +35,7 @@ from locos_tl.experiments.compress.cache import (
     compress_cache,
     compression_twin,
 )
+from locos_tl.experiments.task_metrics import answer_word_match, first_token_match
 from locos_tl.trials import Trial
 
 
@@ -82,14 +82,17 @@ class CompressedResult:
 
     @property
     def first_token_correct(self) -> bool:
-        """The first response token is the first token of the answer."""
-        return self.first_token is not None and self.first_token in self.answer_first_tokens
+        """The first response token is a first token of the answer
+        (:func:`~locos_tl.experiments.task_metrics.first_token_match`): the column
+        ``correct``."""
+        return first_token_match(self.first_token, self.answer_first_tokens)
 
     @property
     def answer_correct(self) -> bool:
-        """The answer occurs in the response as a whole word (case-sensitive)."""
-        a = re.escape(self.answer.strip())
-        return re.search(rf"(?<!\w){a}(?!\w)", self.text) is not None
+        """The answer occurs in the response as a whole word, case-sensitive
+        (:func:`~locos_tl.experiments.task_metrics.answer_word_match`; not NoLiMa's
+        substring ``contains``): the column ``answer_correct``."""
+        return answer_word_match(self.text, self.answer)
 
 
 def query_start_of(trial: Trial, query_start: int | None = None) -> int:

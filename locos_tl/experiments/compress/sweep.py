@@ -132,8 +132,11 @@ def compression_sweep(
     Returns:
         Tidy frame, one row per (ranking, allocation, unit, fraction, trial): ranking,
         allocation, unit, fraction, retained_fraction (measured entries), task, trial
-        (id), trial_index, correct (first answer token), answer_correct (answer string
-        in the response), output, answer, kv_bytes, full_kv_bytes, context_len,
+        (id), trial_index, correct (the first response token is a first token of the
+        answer: :func:`~locos_tl.experiments.task_metrics.first_token_match`),
+        answer_correct (the answer as a whole word in the response, case-sensitive:
+        :func:`~locos_tl.experiments.task_metrics.answer_word_match`, not NoLiMa's
+        substring ``contains``), output, answer, kv_bytes, full_kv_bytes, context_len,
         retained_entries, full_entries, seed, below_floor (the budget was below the
         sinks + recent floor: every unit kept about the same shrunk window). ``task`` is
         the trial's ``meta["task"]``, ``"(no task)"`` when it has none.
