@@ -158,3 +158,39 @@ def test_greedy_loop_picks_stops_and_drops_rows(qwen3):
     with pytest.raises(ValueError, match="forced_tokens needs one prompt"):
         greedy_loop(_Scripted([[5], [5]]), [[1], [2]], rules, max_new_tokens=1,
                     forced_tokens=[5])
+
+
+def test_decode_options_are_one_checked_object(qwen3):
+    """``greedy_decode``'s keywords build one :class:`DecodeOptions`: the object and the
+    keywords decode the same tokens, a keyword overrides the object, a near miss is
+    named, the object is frozen and reads back from its settings."""
+    import dataclasses
+
+    from locos_tl.engine.options import DecodeOptions
+
+    prompt = _prompt(qwen3, n=12)
+    opts = DecodeOptions(max_new_tokens=4, stop_rule="none", stop_at_eos=False)
+    a = greedy_decode(qwen3, prompt, opts)
+    b = greedy_decode(qwen3, prompt, max_new_tokens=4, stop_rule="none", stop_at_eos=False)
+    assert a.generated == b.generated and len(a.generated) == 4
+    assert a.stopped_by == b.stopped_by == "max_new_tokens"
+    assert greedy_decode(qwen3, prompt, opts, max_new_tokens=2).generated == a.generated[:2]
+    with pytest.raises(TypeError, match=r"greedy_decode\(\) got unknown keyword\(s\) "
+                                        r"\['max_new_token'\]; did you mean max_new_tokens"):
+        greedy_decode(qwen3, prompt, max_new_token=2)
+    for bad, match in (({"chunk_size": 0}, "chunk_size must be None or an integer >= 1"),
+                       ({"max_new_tokens": 0}, "max_new_tokens must be an integer >= 1")):
+        with pytest.raises(ValueError, match=match):
+            DecodeOptions(**bad)
+    for bad in ({"decode_engine": "fast"}, {"prefill_mode": "eager"}, {"stop_rule": "eos"}):
+        # ValueError naming the choices; the tests' runtime type checker (the fields are
+        # Literal) refuses them first with a TypeError
+        with pytest.raises((ValueError, TypeError)):
+            DecodeOptions(**bad)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        opts.max_new_tokens = 8  # type: ignore[misc]
+    settings = opts.settings()
+    assert settings == {"max_new_tokens": 4, "stop_rule": "none", "thinking": True,
+                        "stop_at_eos": False, "prefill_mode": "auto", "chunk_size": None,
+                        "decode_engine": "auto"}
+    assert DecodeOptions.from_settings({**settings, "model": "tiny", "seed": 3}) == opts

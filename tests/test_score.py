@@ -93,6 +93,30 @@ def test_resume_skips_finished_and_survives_a_crash(qwen3, trials, tmp_path, mon
         score_trials(qwen3, trials, max_new_tokens=8, out_dir=out, variant="exact", progress=False)
 
 
+def test_a_run_records_its_options_and_reads_them_back(qwen3, trials, tmp_path):
+    """``meta.json``'s settings are the run's :class:`ScoreOptions` (the keys runs have
+    always recorded, with the same values), and read back into the same options; an
+    options object and the keywords it stands for score alike."""
+    from locos_tl import DecodeOptions, ScoreOptions
+
+    options = ScoreOptions(methods=("locos", "wu"), seed=3,
+                           decode=DecodeOptions(max_new_tokens=8, stop_rule="contains_newline"))
+    got = score_methods(qwen3, trials[:2], options, out_dir=tmp_path, progress=False)
+    settings = json.loads((tmp_path / "meta.json").read_text())["settings"]
+    assert {k: settings[k] for k in ("variant", "methods", "max_new_tokens", "gate_threshold",
+                                     "stop_rule", "thinking", "spans", "seed")} == {
+        "variant": "raw", "methods": ["locos", "wu"], "max_new_tokens": 8,
+        "gate_threshold": 0.5, "stop_rule": "contains_newline", "thinking": True,
+        "spans": {"locos": "needle", "wu": "answer"}, "seed": 3}
+    back = ScoreOptions.from_settings(settings)
+    assert back.decode == options.decode and back.methods == options.methods
+    assert (back.seed, back.variant, back.batch_size) == (3, "raw", 1)
+    kw = score_methods(qwen3, trials[:2], methods=["locos", "wu"], seed=3, max_new_tokens=8,
+                       stop_rule="contains_newline", progress=False)
+    for m in ("locos", "wu"):
+        torch.testing.assert_close(kw[m].scores, got[m].scores, rtol=0, atol=0)
+
+
 def test_on_resume_reports_what_the_run_reuses(qwen3, trials, tmp_path, monkeypatch):
     """The count a resumed run reports (``locos score`` prints "skipping N of M" from it)
     comes from the reuse rule itself: a record made with another span reruns and is not
