@@ -4,7 +4,9 @@
 
 - ``page``: the README, a page under ``docs/``, a model card or a notebook;
 - ``quote``: the page's own words, ending with the number (long enough to occur once);
-- ``file``: the result file, from the repository root;
+- ``file``: the result file, from the repository root; or two published rankings, ``A vs
+  B`` (folders with a ``head_scores.json``), whose agreement the package computes
+  (``compare_rankings``, top 5, 10, 20 and 50: one row a layer bucket);
 - ``row``: a pandas query for a CSV or JSON-lines file (``method == 'locos' and k == 5``),
   a JSON pointer for a JSON file (``/accuracy/book@1024/literal``), empty for a file of
   one row;
@@ -43,7 +45,7 @@ CLAIMS = REPO / "docs" / "claims.csv"
 COLUMNS = ["page", "quote", "file", "row", "column", "rounding", "derive"]
 
 #: pages whose every result-looking number must be claimed
-COVERED = ["README.md", "docs/index.md", "docs/concepts.md"]
+COVERED = ["README.md", "docs/index.md", "docs/concepts.md", "docs/real_models.md"]
 
 #: the number a quote ends with; its sign only where it is not a range's dash ("0.43-0.445")
 TRAILING = re.compile(r"(?:(?<![\w.])([-+\u2212]))?(\d+(?:\.\d+)?(?:e[-+]?\d+)?)$")
@@ -60,9 +62,12 @@ NOT_RESULTS = {
     "confidence level": r"\b95\s?%\s+(?:bootstrap\s+|confidence\s+|)(?:intervals?|CI)\b",
     "threshold or target": r"(?:(?<!-)[<>]=?|\u2265|\u2264|\bexceeds)\s?\d+(?:\.\d+)?",
     "KV-cache budget": r"\b\d+\s?%\s+of\s+the\s+(?:KV\s+)?cache\b",
+    "needle depth": r"\bdepths?\s+\d+(?:/\d+)*\s?%(?:\s*\|\s*\d+\s?%)*|\b\d+\s?%\s+depth\b",
+    "targets set before the run": r"\btargets\s+\([^)]*\)",
+    "version or licence": r"\b(?:Apache-|Python\s+|v)\d+(?:\.\d+)+",
 }
 #: claims with no file, at most (see the module docstring)
-MAX_UNFILED = 9
+MAX_UNFILED = 48
 
 
 def page_text(page: str) -> str:
@@ -83,6 +88,12 @@ def load_claims(path: Path = CLAIMS) -> list[dict[str, str]]:
 
 @cache
 def _table(file: str) -> pd.DataFrame:
+    if " vs " in file:
+        from locos_tl.experiments.compare import compare_rankings
+        from locos_tl.heads import HeadScores
+
+        a, b = (HeadScores.load(REPO / f) for f in file.split(" vs "))
+        return compare_rankings(a, b, ks=(5, 10, 20, 50))
     path = REPO / file
     if path.suffix == ".jsonl":
         return pd.read_json(path, lines=True)
@@ -98,8 +109,9 @@ def file_value(claim: dict[str, str]):
     """The value a claim points at: a float, or a list of floats when its row matches
     several rows. Raises ``LookupError`` naming what did not resolve."""
     file, row, column = claim["file"], claim["row"], claim["column"]
-    if not (REPO / file).is_file():
-        raise LookupError(f"no file {file}")
+    missing = [f for f in file.split(" vs ") if not (REPO / f).exists()]
+    if missing:
+        raise LookupError(f"no file {missing[0]}")
     if file.endswith(".json"):
         obj = _json(file)
         for key in row.split("/")[1:]:
