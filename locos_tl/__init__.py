@@ -51,8 +51,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "DecodeResult": ("locos_tl.engine.decode", "DecodeResult"),
     "DecodeStep": ("locos_tl.engine.decode", "DecodeStep"),
     "DETECTORS": ("locos_tl.detectors", "DETECTORS"),
-    "dissociation_score": ("locos_tl.experiments.evaluate", "dissociation_score"),
-    "evaluate": ("locos_tl.experiments.evaluate", "evaluate"),
+    "dissociation_score": ("locos_tl.experiments.dissociation", "dissociation_score"),
     "expand_needle_set": ("locos_tl.data", "expand_needle_set"),
     "get_detector": ("locos_tl.detectors", "get_detector"),
     "greedy_decode": ("locos_tl.engine.decode", "greedy_decode"),
@@ -91,10 +90,6 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "Trial": ("locos_tl.trials", "Trial"),
     "TrialError": ("locos_tl.errors", "TrialError"),
 }
-
-#: renamed public names: old name -> new name (the old one still works, and warns; it
-#: is left out of ``__all__``, so ``from locos_tl import *`` and the docs skip it)
-_DEPRECATED: dict[str, str] = {"evaluate": "ablation_sweep"}
 
 __all__ = [
     "ablate",
@@ -168,13 +163,6 @@ def __getattr__(name: str) -> Any:
         raise AttributeError(f"module 'locos_tl' has no attribute {name!r}") from None
     module = importlib.import_module(module_name)
     value = module if attr is None else getattr(module, attr)
-    if name in _DEPRECATED:  # warn on every use: never cached
-        from locos_tl.errors import warn_caller
-
-        warn_caller(f"locos_tl.{name} is renamed locos_tl.{_DEPRECATED[name]}; the old "
-                    "name still works and will be removed in a later release",
-                    DeprecationWarning)
-        return value
     globals()[name] = value  # later lookups skip __getattr__
     return value
 
@@ -212,8 +200,8 @@ if TYPE_CHECKING:  # static analysers and IDEs see the eager imports
     from locos_tl.experiments.atp import atp_heads
     from locos_tl.experiments.compare import compare_rankings
     from locos_tl.experiments.compress import compression_sweep, kv_budgets
-    from locos_tl.experiments.evaluate import ablation_sweep, dissociation_score
-    from locos_tl.experiments.evaluate import evaluate as evaluate  # the renamed alias
+    from locos_tl.experiments.dissociation import dissociation_score
+    from locos_tl.experiments.evaluate import ablation_sweep
     from locos_tl.experiments.patching import corrupt_tokens, patch_heads
     from locos_tl.experiments.qrhead import qrhead_heads
     from locos_tl.experiments.run_table import load_ablation_sweep

@@ -72,7 +72,7 @@ def build(tmp: Path, n_trials: int = 4) -> PlotData:
 def ablation_frame(metrics: tuple[tuple[str, float], ...] = (("rougeL", 0.8),
                                                               ("contains", 0.9)),
                    scale: float = 1.0) -> pd.DataFrame:
-    """A table shaped like :func:`locos_tl.experiments.evaluate.evaluate` output (values invented so
+    """A table shaped like :func:`locos_tl.ablation_sweep` output (values invented so
     the figure has structure; the plot tests check the layout, not the numbers)."""
     rng = np.random.default_rng(0)
     rows = []
@@ -105,7 +105,7 @@ def all_figures(d: PlotData) -> dict[str, Any]:
     s = d.scores
     df = ablation_frame()
     control = ablation_frame((("contains", 0.9),), scale=0.1)
-    from locos_tl.experiments.evaluate import dissociation_score
+    from locos_tl.experiments.dissociation import dissociation_score
 
     ds = dissociation_score(df, control, retrieval_metric="rougeL", control_metric="contains")
     return {

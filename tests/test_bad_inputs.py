@@ -14,7 +14,7 @@ import torch
 from locos_tl.engine.ablation import calibrate_means
 from locos_tl.engine.decode import greedy_decode
 from locos_tl.errors import TrialError
-from locos_tl.experiments.evaluate import evaluate
+from locos_tl.experiments.evaluate import ablation_sweep
 from locos_tl.experiments.patching import patch_heads
 from locos_tl.experiments.score import score_trials
 from locos_tl.trials import Trial
@@ -59,8 +59,8 @@ def test_one_trial_instead_of_a_list_is_refused(qwen3):
     t = make()
     for call, name in [
         (lambda: score_trials(qwen3, t, progress=False), "score_trials"),
-        (lambda: evaluate(qwen3, t, {"m": [(0, 0)]}, mode="query_zero", progress=False),
-         "evaluate"),
+        (lambda: ablation_sweep(qwen3, t, {"m": [(0, 0)]}, mode="query_zero",
+                                progress=False), "ablation_sweep"),
         (lambda: patch_heads(qwen3, t, progress=False), "patch_heads"),
     ]:
         with pytest.raises(TrialError, match=rf"{name}\(\) got one Trial: pass a list of "
@@ -118,13 +118,13 @@ def test_greedy_decode_token_forms_agree(qwen3):
     """A list, a 1-D and a [1, N] long tensor decode identically; max_new_tokens=1
     generates exactly one token, the argmax of the HF forward's last logits."""
     ids = [3, 9, 27, 81, 12, 40, 7]
-    ref = greedy_decode(qwen3, ids, max_new_tokens=4, stop_at_newline=False,
+    ref = greedy_decode(qwen3, ids, max_new_tokens=4, stop_rule="none",
                         stop_at_eos=False)
     for other in (torch.tensor(ids), torch.tensor([ids]), np.array(ids)):
-        res = greedy_decode(qwen3, other, max_new_tokens=4, stop_at_newline=False,
+        res = greedy_decode(qwen3, other, max_new_tokens=4, stop_rule="none",
                             stop_at_eos=False)
         assert res.generated == ref.generated
-    one = greedy_decode(qwen3, ids, max_new_tokens=1, stop_at_newline=False,
+    one = greedy_decode(qwen3, ids, max_new_tokens=1, stop_rule="none",
                         stop_at_eos=False)
     with torch.no_grad():
         logits = qwen3.original_model(torch.tensor([ids])).logits[0, -1]

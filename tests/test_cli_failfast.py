@@ -483,26 +483,15 @@ def test_calibrate_prompts_checked_before_loading(no_model_load, tiny_dirs, tmp_
     assert not no_model_load and not (tmp_path / "m.safetensors").exists()
 
 
-def test_the_old_stop_at_newline_flag_is_a_stop_rule(monkeypatch, tiny_dirs, trials_file,
-                                                     tmp_path):
-    """``--no-stop-at-newline`` still works (deprecated): it is ``--stop-rule none``."""
-    import locos_tl.experiments.evaluate as ev
-
+def test_the_old_stop_at_newline_flag_is_gone(tiny_dirs, trials_file, tmp_path):
+    """``--no-stop-at-newline`` was ``--stop-rule none``; removed before the first
+    release, it is refused as an unknown option."""
     HeadScores("locos", torch.randn(3, 2, 4)).save(tmp_path / "locos")
     opts = ["ablate", "--model", str(tiny_dirs["qwen3"]), "--trials", str(trials_file),
             "--heads", str(tmp_path / "locos"), "--mode", "query_zero",
             "--out", str(tmp_path / "r")]
-    res = runner.invoke(app, [*opts, "--no-stop-at-newline", "--stop-rule",
-                              "contains_newline"])
-    assert res.exit_code == 2, res.output
-    assert "contradicts --stop-rule contains_newline" in " ".join(res.output.split())
-    seen = []
-
-    def capture(*args, **kw):
-        seen.append(kw["stop_rule"])
-        raise RuntimeError("captured")
-
-    monkeypatch.setattr(ev, "evaluate", capture)
-    res = runner.invoke(app, [*opts, "--no-stop-at-newline"])
-    assert seen == ["none"], res.output
-    assert "--stop-at-newline/--no-stop-at-newline is deprecated" in res.output
+    for flag in ("--no-stop-at-newline", "--stop-at-newline"):
+        res = runner.invoke(app, [*opts, flag])
+        assert res.exit_code == 2, res.output
+        assert f"No such option: {flag}" in res.output
+    assert not (tmp_path / "r").exists()

@@ -64,14 +64,13 @@ def test_lazy_exports_resolve_to_the_defining_objects():
         mod = sys.modules.get(module) or __import__(module, fromlist=["_"])
         expected = mod if attr is None else getattr(mod, attr)
         assert getattr(locos_tl, name) is expected, name
-    # a renamed name stays importable but leaves __all__
-    assert set(locos_tl.__all__) == set(locos_tl._EXPORTS) - set(locos_tl._DEPRECATED)
+    assert set(locos_tl.__all__) == set(locos_tl._EXPORTS)
     assert set(locos_tl.__all__) <= set(dir(locos_tl))
     # the function lives in a package below the root: importing its module does not
     # shadow the public name
     import locos_tl.experiments.evaluate  # noqa: F401
 
-    assert locos_tl.evaluate is sys.modules["locos_tl.experiments.evaluate"].evaluate
+    assert locos_tl.ablation_sweep is sys.modules["locos_tl.experiments.evaluate"].ablation_sweep
     assert callable(locos_tl.plot.head_heatmap)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         locos_tl.nope  # noqa: B018

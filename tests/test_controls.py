@@ -30,7 +30,7 @@ from locos_tl.data.controls import (
 from locos_tl.data.hub import ControlExample
 from locos_tl.engine.answers import rougeL_f
 from locos_tl.errors import DataFormatError
-from locos_tl.experiments.evaluate import BASELINE, dissociation_score
+from locos_tl.experiments.dissociation import BASELINE, dissociation_score
 from locos_tl.experiments.task_metrics import (
     answer_word_match,
     control_exact_match,

@@ -3,8 +3,8 @@
 Python's default filters show a ``DeprecationWarning`` only when it is attributed to
 ``__main__``: a warning attributed to a frame inside locos_tl (``score_trials(...,
 ray_address=...)`` used to name ``score.py``) is never seen. Each case checks that the
-warning's file is this test file. The CLI's deprecated flags print to stderr instead
-(tests/test_cli_failfast.py).
+warning's file is this test file. Paths deprecated before the first release are
+removed, not kept: they raise as any unknown name or keyword does.
 """
 
 from __future__ import annotations
@@ -33,11 +33,9 @@ def _stop(*_a, **_k):
 @pytest.fixture
 def no_run(monkeypatch):
     """The executors' option check stops every call before a model is touched."""
-    import locos_tl.experiments.evaluate as ev
     import locos_tl.experiments.score as sc
 
     monkeypatch.setattr(sc, "executor_options", _stop)
-    monkeypatch.setattr(ev, "executor_options", _stop)
 
 
 TRIALS = [lt.Trial(tokens=[1, 2, 3, 4], needle_span=(1, 2), answer="x")]
@@ -66,11 +64,10 @@ def test_the_list_of_old_ray_keywords_is_the_one_tested():
 
 
 @pytest.mark.parametrize("option", LEGACY_RAY_OPTIONS)
-@pytest.mark.parametrize("fn", ["score_trials", "score_methods", "ablation_sweep"])
+@pytest.mark.parametrize("fn", ["score_trials", "score_methods"])
 def test_an_old_ray_keyword_warns_at_the_callers_line(no_run, fn, option):
-    args = [{"x": [(0, 0)]}] if fn == "ablation_sweep" else []
     kw = {option: _legacy_value(option)}
-    got = _deprecations(lambda: getattr(lt, fn)(None, TRIALS, *args, **kw))
+    got = _deprecations(lambda: getattr(lt, fn)(None, TRIALS, **kw))
     assert [str(w.message).split(":")[0] for w in got] == [f"{fn}()"]
     assert f"{option}= deprecated" in str(got[0].message)
     assert got[0].filename == __file__
@@ -86,26 +83,23 @@ def test_score_trials_methods_warns_at_the_callers_line(no_run):
     assert len(got) == 2 and {w.filename for w in got} == {__file__}
 
 
-def test_stop_at_newline_warns_at_the_callers_line(no_run):
-    got = _deprecations(lambda: lt.ablation_sweep(None, TRIALS, {"x": [(0, 0)]},
-                                                  stop_at_newline=False))
-    assert len(got) == 1 and "stop_at_newline= is deprecated" in str(got[0].message)
-    assert got[0].filename == __file__
+def test_paths_removed_before_the_first_release_are_refused():
+    """``locos_tl.evaluate``, ``stop_at_newline=`` and ``ablation_sweep``'s Ray keywords
+    are gone (no warning, no alias): each fails before any model is touched."""
+    import locos_tl.engine.stops as stops
 
-
-def test_the_evaluate_alias_warns_at_the_callers_line(no_run):
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        old = lt.evaluate
-        from locos_tl import evaluate  # through the import machinery
-    assert old is evaluate is lt.ablation_sweep
-    # the from-import reads the attribute twice (importlib's hasattr, then the import)
-    names = [w.filename for w in caught if w.category is DeprecationWarning]
-    assert len(names) >= 2 and set(names) == {__file__}
-    # the alias with a deprecated keyword: the rename and the keyword, both here
-    got = _deprecations(lambda: lt.evaluate(None, TRIALS, {"x": [(0, 0)]},
-                                            stop_at_newline=True))
-    assert len(got) == 2 and {w.filename for w in got} == {__file__}
+    with pytest.raises(AttributeError, match="no attribute 'evaluate'"):
+        lt.evaluate  # noqa: B018
+    assert not hasattr(stops, "legacy_stop_rule")
+    sweep = [None, TRIALS, {"x": [(0, 0)]}]
+    for kw in ({"stop_at_newline": False}, {"ray_address": "auto"}, {"max_attempts": 2}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", DeprecationWarning)
+            with pytest.raises(TypeError, match=f"unexpected keyword argument '{[*kw][0]}'"):
+                lt.ablation_sweep(*sweep, **kw)
+    with pytest.raises(TypeError, match=r"greedy_decode\(\) got unknown keyword\(s\) "
+                                        r"\['stop_at_newline'\]"):
+        lt.greedy_decode(None, [1, 2, 3], stop_at_newline=False)
 
 
 def test_a_script_sees_the_deprecation_warnings_under_the_default_filters(tmp_path):
@@ -115,22 +109,17 @@ def test_a_script_sees_the_deprecation_warnings_under_the_default_filters(tmp_pa
     script = tmp_path / "old_user.py"
     script.write_text(textwrap.dedent("""
         import locos_tl as lt
-        import locos_tl.experiments.evaluate as ev
         import locos_tl.experiments.score as sc
 
         def stop(*a, **k):
             raise KeyboardInterrupt
 
-        sc.executor_options = ev.executor_options = stop
+        sc.executor_options = stop
         trials = [lt.Trial(tokens=[1, 2, 3, 4], needle_span=(1, 2), answer="x")]
         calls = [
             lambda: lt.score_trials(None, trials, ray_address="auto", workers=2),
             lambda: lt.score_trials(None, trials, methods=["locos"]),
             lambda: lt.score_methods(None, trials, load_kwargs={}, workers=2),
-            lambda: lt.ablation_sweep(None, trials, {"x": [(0, 0)]}, max_attempts=2),
-            lambda: lt.ablation_sweep(None, trials, {"x": [(0, 0)]},
-                                      stop_at_newline=False),
-            lambda: lt.evaluate,
         ]
         for call in calls:
             try:
@@ -143,6 +132,6 @@ def test_a_script_sees_the_deprecation_warnings_under_the_default_filters(tmp_pa
                          timeout=240, cwd=tmp_path, env=env)
     assert res.returncode == 0, res.stderr
     shown = [line for line in res.stderr.splitlines() if "DeprecationWarning" in line]
-    assert len(shown) == 6, res.stderr
+    assert len(shown) == 3, res.stderr
     assert all(line.startswith(f"{script}:") for line in shown)
     assert "score_trials(): ray_address= deprecated" in shown[0]

@@ -288,20 +288,20 @@ def test_device_map_on_cpu_scores_like_plain_load(setup, reference):
 
 def test_ablation_sweep_on_two_workers_equals_single_process(setup, reference, pool,
                                                              tmp_path):
-    """``evaluate(..., workers=N)``: the ablated generations run on the workers; same
+    """``ablation_sweep(..., workers=N)``: the ablated generations run on the workers; same
     table and the same resumable records as a single-process sweep."""
     import pandas as pd
 
-    from locos_tl.experiments.evaluate import evaluate
+    from locos_tl.experiments.evaluate import ablation_sweep
 
     _, model, trials = setup
     ref, _ = reference
     kw = dict(k=[1, 3], mode="query_zero", random=False, bottom=None,
               max_new_tokens=MAX_NEW, progress=False)
     with one_thread():
-        single = evaluate(model, trials[:3], {"locos": ref["locos"]}, out_dir=tmp_path / "a",
+        single = ablation_sweep(model, trials[:3], {"locos": ref["locos"]}, out_dir=tmp_path / "a",
                           **kw)
-    dist = evaluate(model, trials[:3], {"locos": ref["locos"]}, out_dir=tmp_path / "b",
+    dist = ablation_sweep(model, trials[:3], {"locos": ref["locos"]}, out_dir=tmp_path / "b",
                     workers=pool, **kw)
     pd.testing.assert_frame_equal(single, dist)
     key = lambda r: r["trial_id"]  # noqa: E731
@@ -317,7 +317,7 @@ def test_workers_record_the_name_margin_as_one_process_does(setup, reference, po
 
     import pandas as pd
 
-    from locos_tl.experiments.evaluate import evaluate
+    from locos_tl.experiments.evaluate import ablation_sweep
 
     _, model, trials = setup
     ref, _ = reference
@@ -327,9 +327,9 @@ def test_workers_record_the_name_margin_as_one_process_does(setup, reference, po
     kw = dict(k=[1, 3], mode="query_zero", random=False, bottom=None,
               max_new_tokens=MAX_NEW, progress=False)
     with one_thread():
-        single = evaluate(model, rivals, {"locos": ref["locos"]}, out_dir=tmp_path / "a",
+        single = ablation_sweep(model, rivals, {"locos": ref["locos"]}, out_dir=tmp_path / "a",
                           **kw)
-    dist = evaluate(model, rivals, {"locos": ref["locos"]}, out_dir=tmp_path / "b",
+    dist = ablation_sweep(model, rivals, {"locos": ref["locos"]}, out_dir=tmp_path / "b",
                     workers=pool, **kw)
     assert (single.metric == "name_margin").sum() == 3  # baseline and k = 1, 3
     pd.testing.assert_frame_equal(single, dist)

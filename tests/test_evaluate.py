@@ -12,12 +12,9 @@ import pytest
 import torch
 from planted import PLANTED, build_planted, planted_trials
 
-from locos_tl.experiments.evaluate import (
-    BASELINE,
-    build_jobs,
-    dissociation_score,
-    evaluate,
-)
+from locos_tl.experiments.ablation_plan import build_jobs
+from locos_tl.experiments.dissociation import BASELINE, dissociation_score
+from locos_tl.experiments.evaluate import ablation_sweep
 from locos_tl.experiments.run_table import heads_key
 from locos_tl.experiments.task_metrics import (
     babilong_substring,
@@ -103,7 +100,7 @@ def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatc
     model, trials = planted
     kw = dict(k=(1,), mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
               progress=False)
-    df = evaluate(model, trials, {"locos": [PLANTED], "other": [(0, 0)]}, out_dir=tmp_path,
+    df = ablation_sweep(model, trials, {"locos": [PLANTED], "other": [(0, 0)]}, out_dir=tmp_path,
                   **kw)
     assert list(df.columns) == ["method", "k", "seed", "metric", "value", "n_trials",
                                 "ci_low", "ci_high"]  # ci=0.95 by default
@@ -120,15 +117,15 @@ def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatc
     def no_decoding(*a, **k):
         raise AssertionError("a finished generation was rerun")
 
-    # `locos_tl.experiments.evaluate` is the function; patch the module through sys.modules
+    # patch the module through sys.modules
     monkeypatch.setattr(sys.modules["locos_tl.experiments.evaluate"], "greedy_decode", no_decoding)
     meta = (tmp_path / "meta.json").read_text()
-    again = evaluate(model, trials, {"locos": [PLANTED], "other": [(0, 0)]},
+    again = ablation_sweep(model, trials, {"locos": [PLANTED], "other": [(0, 0)]},
                      out_dir=tmp_path, **kw)
     pd.testing.assert_frame_equal(df, again)
     # a call that generates nothing (here on one of the two rankings) keeps the
     # provenance of the call that did: meta.json still lists both methods
-    fewer = evaluate(model, trials, {"locos": [PLANTED]}, out_dir=tmp_path, **kw)
+    fewer = ablation_sweep(model, trials, {"locos": [PLANTED]}, out_dir=tmp_path, **kw)
     pd.testing.assert_frame_equal(fewer, df[df["method"] != "other"].reset_index(drop=True))
     assert (tmp_path / "meta.json").read_text() == meta
     assert json.loads(meta)["settings"]["methods"] == [BASELINE, "locos", "other", "random"]
@@ -142,14 +139,14 @@ def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
     kw = dict(k=(1,), mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
               progress=False)
     sets = {"locos": [PLANTED], "other": [(0, 0)]}
-    fresh = evaluate(model, trials, sets, **kw)  # no run directory: the reference
+    fresh = ablation_sweep(model, trials, sets, **kw)  # no run directory: the reference
     run = tmp_path / "run"
-    evaluate(model, trials[:1], sets, out_dir=run, **kw)
+    ablation_sweep(model, trials[:1], sets, out_dir=run, **kw)
     first = (run / "trials.jsonl").read_text()
     with pytest.raises(LocosError, match="another trial set"):  # growth is opt-in
-        evaluate(model, trials, sets, out_dir=run, **kw)
+        ablation_sweep(model, trials, sets, out_dir=run, **kw)
     with pytest.raises(LocosError, match="cannot be extended"):  # trial 0 is not given
-        evaluate(model, trials[1:], sets, out_dir=run, extend=True, **kw)
+        ablation_sweep(model, trials[1:], sets, out_dir=run, extend=True, **kw)
     assert (run / "trials.jsonl").read_text() == first  # nothing written by either
 
     calls = []
@@ -160,7 +157,7 @@ def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
         return real(m, tokens, **k)
 
     monkeypatch.setattr(sys.modules["locos_tl.experiments.evaluate"], "greedy_decode", counting)
-    grown = evaluate(model, trials, sets, out_dir=run, extend=True, **kw)
+    grown = ablation_sweep(model, trials, sets, out_dir=run, extend=True, **kw)
     n_sets = len({json.loads(x)["heads_key"] for x in first.splitlines()})
     assert len(calls) == n_sets and set(calls) == {tuple(trials[1].tokens)}  # only new
     pd.testing.assert_frame_equal(grown, fresh)
@@ -179,8 +176,8 @@ def test_run_directory_reads_back_every_call_as_one_table(planted, tmp_path) -> 
     kw = dict(mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
               progress=False, out_dir=tmp_path / "run")
     sets = {"locos": [PLANTED, (0, 0)], "other": [(0, 1), (0, 0)]}
-    first = evaluate(model, trials, {"locos": sets["locos"]}, k=(1,), random=False, **kw)
-    second = evaluate(model, trials, sets, k=(2,), **kw)
+    first = ablation_sweep(model, trials, {"locos": sets["locos"]}, k=(1,), random=False, **kw)
+    second = ablation_sweep(model, trials, sets, k=(2,), **kw)
     cells = {(j["method"], j["k"], j["seed"]) for j in read_jobs(tmp_path / "run")}
     assert cells == {(BASELINE, 0, 0), ("locos", 1, 0), ("locos", 2, 0), ("other", 2, 0),
                      ("random", 2, 0)}
@@ -219,7 +216,7 @@ def test_a_cell_under_an_old_method_name_is_read_under_the_registered_one(plante
     run = tmp_path / "run"
     kw = dict(mode="output_zero", random=False, bottom=None, max_new_tokens=2,
               progress=False, out_dir=run)
-    first = evaluate(model, trials, {"wu": [PLANTED, (0, 0)]}, k=(1,), **kw)
+    first = ablation_sweep(model, trials, {"wu": [PLANTED, (0, 0)]}, k=(1,), **kw)
     path = run / "jobs.json"
     path.write_text(path.read_text().replace('"wu"', '"wu_nolima"'))  # as published
     assert '"wu_nolima"' in path.read_text()
@@ -227,7 +224,7 @@ def test_a_cell_under_an_old_method_name_is_read_under_the_registered_one(plante
     cols = ["method", "k", "seed", "metric", "value", "n_trials"]
     pd.testing.assert_frame_equal(load_ablation_sweep(run, trials), first[cols])
     seen = []
-    evaluate(model, trials, {"wu": [PLANTED, (0, 0)]}, k=(1,), **kw,
+    ablation_sweep(model, trials, {"wu": [PLANTED, (0, 0)]}, k=(1,), **kw,
              on_resume=lambda n, total: seen.append((n, total)))
     assert seen == [(2 * len(trials), 2 * len(trials))]  # every generation reused
     assert '"wu_nolima"' not in path.read_text() and '"wu"' in path.read_text()
@@ -249,18 +246,18 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     kw = dict(mode="output_zero", random=False, bottom=None, max_new_tokens=2,
               progress=False, out_dir=run)
     a, b = [PLANTED, (0, 0), (0, 1)], [PLANTED, (0, 1), (1, 1)]
-    evaluate(model, trials, {"locos": a}, k=(1, 3), **kw)
+    ablation_sweep(model, trials, {"locos": a}, k=(1, 3), **kw)
     with pytest.warns(UserWarning, match=r"earlier cell\(s\) leave its table \(locos k=3\)"):
-        evaluate(model, trials, {"locos": b}, k=(2,), **kw)  # b[:1] == a[:1]: k = 1 stays
+        ablation_sweep(model, trials, {"locos": b}, k=(2,), **kw)  # b[:1] == a[:1]: k = 1 stays
     cells = {(j["method"], j["k"]): j["heads"] for j in read_jobs(run)}
     assert cells == {(BASELINE, 0): [], ("locos", 1): [list(PLANTED)],
                      ("locos", 2): [list(h) for h in b[:2]]}
     same = tmp_path / "same"  # a[:3] in another order: the cell stays, nothing is generated
-    evaluate(model, trials, {"locos": a}, k=(3,), **dict(kw, out_dir=same))
+    ablation_sweep(model, trials, {"locos": a}, k=(3,), **dict(kw, out_dir=same))
     c, seen = [(0, 1), PLANTED, (0, 0)], []
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        evaluate(model, trials, {"locos": c}, k=(3,), **dict(kw, out_dir=same),
+        ablation_sweep(model, trials, {"locos": c}, k=(3,), **dict(kw, out_dir=same),
                  on_resume=lambda n, total: seen.append((n, total)))
     assert seen == [(2 * len(trials), 2 * len(trials))]  # baseline and locos-3, all reused
     cells = {(j["method"], j["k"]): j["heads"] for j in read_jobs(same)}
@@ -269,22 +266,22 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     meta = (run / "meta.json").read_text()
     (run / "jobs.json").write_text('{"jobs": [{"method": "locos"')  # a cut file
     with pytest.raises(LocosError, match="jobs.json is not a readable"):
-        evaluate(model, trials, {"locos": b}, k=(2,), **kw)
+        ablation_sweep(model, trials, {"locos": b}, k=(2,), **kw)
     with pytest.raises(LocosError, match="jobs.json is not a readable"):
         load_ablation_sweep(run, trials)
     assert (run / "meta.json").read_text() == meta  # nothing rewritten
 
     grown = tmp_path / "grown"
-    evaluate(model, trials[:1], {"locos": a}, k=(1, 2), **dict(kw, out_dir=grown))
+    ablation_sweep(model, trials[:1], {"locos": a}, k=(1, 2), **dict(kw, out_dir=grown))
     with pytest.warns(UserWarning, match=r"1 cell\(s\) .* left out of evaluation.csv "
                                          r"\(locos k=2\)"):
-        evaluate(model, trials, {"locos": a}, k=(1,), extend=True, **dict(kw, out_dir=grown))
+        ablation_sweep(model, trials, {"locos": a}, k=(1,), extend=True, **dict(kw, out_dir=grown))
     assert set(pd.read_csv(grown / "evaluation.csv")["k"]) == {0, 1}
 
     def f32(response, trial):  # a scorer returning numpy float32
         return {"chars": np.float32(len(response) / 3)}
 
-    own = evaluate(model, trials, {"locos": a}, k=(1,), scorer=f32,
+    own = ablation_sweep(model, trials, {"locos": a}, k=(1,), scorer=f32,
                    **dict(kw, out_dir=tmp_path / "f32"))
     table = load_ablation_sweep(tmp_path / "f32", trials, f32)
     assert own["value"].tolist() == table["value"].tolist()
@@ -294,7 +291,7 @@ def test_run_directory_keeps_one_ranking_per_curve_and_survives_a_bad_jobs_file(
     stale = tmp_path / "stale"  # an attempt that recorded its cells, then never generated
     stale.mkdir()
     record_jobs(stale, [AblationJob("old", 1, 0, ((0, 1),))])
-    evaluate(model, trials, {"locos": a}, k=(1,), **dict(kw, out_dir=stale))
+    ablation_sweep(model, trials, {"locos": a}, k=(1,), **dict(kw, out_dir=stale))
     assert {j["method"] for j in read_jobs(stale)} == {BASELINE, "locos"}
 
 
@@ -304,18 +301,18 @@ def test_evaluate_refuses_a_run_made_in_another_dtype(planted, tmp_path) -> None
     model, trials = planted
     kw = dict(k=(1,), mode="output_zero", random=False, bottom=None, max_new_tokens=2,
               progress=False)
-    evaluate(model, trials[:1], {"locos": [PLANTED]}, out_dir=tmp_path, **kw)
+    ablation_sweep(model, trials[:1], {"locos": [PLANTED]}, out_dir=tmp_path, **kw)
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["settings"]["dtype"] == "float32"
     meta["settings"]["dtype"] = "bfloat16"  # as a bf16 session would have written it
     (tmp_path / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(LocosError, match="dtype: 'bfloat16' != 'float32'"):
-        evaluate(model, trials, {"locos": [PLANTED]}, out_dir=tmp_path, extend=True, **kw)
+        ablation_sweep(model, trials, {"locos": [PLANTED]}, out_dir=tmp_path, extend=True, **kw)
 
 
 def test_query_zero_on_planted_head_breaks_retrieval(planted) -> None:
     model, trials = planted
-    df = evaluate(model, trials[:1], {"locos": [PLANTED]}, k=(1,), mode="query_zero",
+    df = ablation_sweep(model, trials[:1], {"locos": [PLANTED]}, k=(1,), mode="query_zero",
                   random=False, bottom=None, max_new_tokens=1, progress=False)
     v = df.set_index(["method", "metric"])["value"]
     assert v[(BASELINE, "contains")] == 1.0 and v[("locos", "contains")] == 0.0
@@ -324,7 +321,7 @@ def test_query_zero_on_planted_head_breaks_retrieval(planted) -> None:
 def test_mean_mode_without_means_raises(planted) -> None:
     model, trials = planted
     with pytest.raises(ValueError, match="calibration means"):
-        evaluate(model, trials, {"x": [PLANTED]}, mode="query_mean", progress=False)
+        ablation_sweep(model, trials, {"x": [PLANTED]}, mode="query_mean", progress=False)
 
 
 def test_unusable_head_sets_fail_before_generation(planted, monkeypatch) -> None:
@@ -334,18 +331,18 @@ def test_unusable_head_sets_fail_before_generation(planted, monkeypatch) -> None
 
     model, trials = planted
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    import sys  # `locos_tl.experiments.evaluate` the attribute is the function; patch the module
+    import sys
 
     monkeypatch.setattr(sys.modules["locos_tl.experiments.evaluate"], "greedy_decode",
                         lambda *a, **k: pytest.fail("generation started"))
     with pytest.raises(ValueError, match=r"head \(9, 0\) is outside the model"):
-        evaluate(model, trials, {"x": [(9, 0)]}, k=(1,), mode="query_zero", progress=False)
+        ablation_sweep(model, trials, {"x": [(9, 0)]}, k=(1,), mode="query_zero", progress=False)
     other = HeadScores(method="locos", trial_scores=torch.ones(2, L + 1, H))
     with pytest.raises(ValueError, match="the model has"):
-        evaluate(model, trials, {"locos": other}, k=(1,), mode="query_zero", progress=False)
+        ablation_sweep(model, trials, {"locos": other}, k=(1,), mode="query_zero", progress=False)
     empty = HeadScores(method="locos", trial_scores=torch.zeros(0, L, H))
     with pytest.raises(ValueError, match="no accepted trial"):
-        evaluate(model, trials, {"locos": empty}, k=(1,), mode="query_zero", progress=False)
+        ablation_sweep(model, trials, {"locos": empty}, k=(1,), mode="query_zero", progress=False)
 
 
 def test_cli_ablate(planted, tmp_path) -> None:
@@ -389,7 +386,7 @@ def test_ablation_sweep_intervals_bracket_the_mean_and_are_reproducible(planted,
     kw = dict(k=(1,), mode="output_zero", seeds=(0, 1), bottom=None, max_new_tokens=2,
               progress=False, scorer=scorer, out_dir=tmp_path)
     sets = {"locos": [PLANTED]}
-    df = evaluate(model, trials, sets, **kw)
+    df = ablation_sweep(model, trials, sets, **kw)
     assert {"ci_low", "ci_high"} <= set(df.columns)
     assert (df["ci_low"] <= df["value"] + 1e-12).all()
     assert (df["value"] <= df["ci_high"] + 1e-12).all()
@@ -400,12 +397,12 @@ def test_ablation_sweep_intervals_bracket_the_mean_and_are_reproducible(planted,
         v = per[(per["method"] == row.method) & (per["k"] == row.k)
                 & (per["seed"] == row.seed) & (per["metric"] == row.metric)]["value"]
         assert (row.ci_low, row.ci_high) == bootstrap_ci(v.to_numpy(), 0.95)
-    again = evaluate(model, trials, sets, **kw)  # records reused: the same intervals
+    again = ablation_sweep(model, trials, sets, **kw)  # records reused: the same intervals
     pd.testing.assert_frame_equal(df, again)
-    narrow = evaluate(model, trials, sets, ci=0.5, **kw)
+    narrow = ablation_sweep(model, trials, sets, ci=0.5, **kw)
     assert (narrow["ci_high"] - narrow["ci_low"] <= df["ci_high"] - df["ci_low"] + 1e-12).all()
-    plain = evaluate(model, trials, sets, ci=None, **kw)
+    plain = ablation_sweep(model, trials, sets, ci=None, **kw)
     pd.testing.assert_frame_equal(plain, df.drop(columns=["ci_low", "ci_high"]))
     assert list(pd.read_csv(tmp_path / "evaluation.csv").columns) == list(plain.columns)
     with pytest.raises(ValueError, match="confidence level"):
-        evaluate(model, two, sets, ci=1.5, **{**kw, "out_dir": None})
+        ablation_sweep(model, two, sets, ci=1.5, **{**kw, "out_dir": None})

@@ -213,18 +213,18 @@ def _no_generation(monkeypatch) -> None:
 ])
 def test_evaluate_refuses_before_generation(organism, org_trials, monkeypatch, tmp_path,
                                             head_sets, k, msg) -> None:
-    from locos_tl import evaluate
+    from locos_tl import ablation_sweep
 
     _no_generation(monkeypatch)
     with pytest.raises(HeadSpecError, match=msg):
-        evaluate(organism, org_trials, head_sets, k=k, mode="query_zero", progress=False,
+        ablation_sweep(organism, org_trials, head_sets, k=k, mode="query_zero", progress=False,
                  out_dir=tmp_path)
     assert not (tmp_path / "meta.json").exists()  # nothing recorded for a refused run
 
 
 def test_evaluate_head_forms_default_k_and_skipped_k(organism, org_trials, tmp_path) -> None:
-    from locos_tl import evaluate
-    from locos_tl.experiments.evaluate import build_jobs
+    from locos_tl import ablation_sweep
+    from locos_tl.experiments.ablation_plan import build_jobs
 
     # string forms give the same cells as tuples
     a = build_jobs({"m": ["L1H2", "0-5", (1, 0)]}, [1, 2, 3], n_layers=2, n_heads=8)
@@ -234,7 +234,7 @@ def test_evaluate_head_forms_default_k_and_skipped_k(organism, org_trials, tmp_p
 
     # default k: the paper's (1, 5, 10, 20, 50, 100) up to the model's 16 heads
     with pytest.warns(UserWarning, match=r"head set 'm' lists fewer heads than k=\[5, 10\]"):
-        df = evaluate(organism, org_trials[:1], {"m": ["L1H2", "0-5"]}, mode="query_zero",
+        df = ablation_sweep(organism, org_trials[:1], {"m": ["L1H2", "0-5"]}, mode="query_zero",
                       seeds=0, bottom=None, max_new_tokens=1, progress=False, out_dir=tmp_path)
     meta = json.loads((tmp_path / "meta.json").read_text())["settings"]
     assert meta["ks"] == [1, 5, 10] and meta["seeds"] == [0]
@@ -364,5 +364,5 @@ def test_plot_positions_and_dissociation_inputs() -> None:
             plot.phi_explorer(phi, toks, **kw)
         with pytest.raises(ValueError, match=msg):
             plot.reads_vs_writes(np.abs(phi), phi, toks, "L1H2", **kw)
-    with pytest.raises(ValueError, match=r"retrieval: not an evaluate\(\) table"):
+    with pytest.raises(ValueError, match=r"retrieval: not an ablation_sweep\(\) table"):
         dissociation_score(pd.DataFrame(), pd.DataFrame())  # was KeyError 'metric'

@@ -26,7 +26,7 @@ PUBLIC = [
     "ablate", "AblationMeans", "answer_steps", "build_arithmetic_trials",
     "build_niah_trials", "build_nolima_trials", "build_parametric_trials",
     "calibrate_means", "compare_rankings", "corrupt_tokens", "DataFormatError",
-    "DecodeResult", "DecodeStep", "DETECTORS", "dissociation_score", "evaluate",
+    "DecodeResult", "DecodeStep", "DETECTORS", "dissociation_score",
     "expand_needle_set", "get_detector", "greedy_decode", "head_label", "HeadScores",
     "HeadSpecError", "load_ablation_sweep", "load_haystacks", "load_model", "load_needle_set",
     "load_niah_probes", "load_trials", "LocosError", "ModelLoadError", "parse_heads",
@@ -87,28 +87,18 @@ def test_root_holds_the_api_and_core_types_only():
     assert set(root) - {"__init__"} <= {k for k, v in LAYERS.items() if v == 0}
 
 
-#: renamed: old public name -> new one (the old one works and warns; it leaves __all__)
-RENAMED = {"evaluate": "ablation_sweep"}
-
-
 @pytest.mark.parametrize("name", PUBLIC)
 def test_every_public_name_is_importable(name):
     import locos_tl
 
-    assert (name not in locos_tl.__all__) if name in RENAMED else (name in locos_tl.__all__)
-    if name in RENAMED:
-        with pytest.warns(DeprecationWarning, match=f"locos_tl.{name} is renamed "
-                                                    f"locos_tl.{RENAMED[name]}"):
-            old = getattr(locos_tl, name)
-        assert old is getattr(locos_tl, RENAMED[name])
-        return
+    assert name in locos_tl.__all__
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         assert getattr(locos_tl, name) is not None
 
 
 #: renamed before the first release, without an alias: old name -> new name
-RENAMED_BEFORE_RELEASE = {"load_evaluation": "load_ablation_sweep",
+RENAMED_BEFORE_RELEASE = {"evaluate": "ablation_sweep", "load_evaluation": "load_ablation_sweep",
                           "phi_layer": "phi_from_pattern", "phi_tensor": "phi_from_model"}
 
 

@@ -214,7 +214,7 @@ def test_ablation_curves_interval_bands():
 
 
 def test_dissociation():
-    from locos_tl.experiments.evaluate import dissociation_score
+    from locos_tl.experiments.dissociation import dissociation_score
 
     retrieval, control = ablation_frame(), ablation_frame((("contains", 0.9),), scale=0.1)
     ds = dissociation_score(retrieval, control, retrieval_metric="rougeL",

@@ -104,7 +104,7 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     baseline; the report's grid is then that cell alone. An unknown method is refused."""
     import locos_tl as lt
     import locos_tl.experiments.evaluate as sweeps  # where the protocol imports it from
-    from locos_tl.experiments.evaluate import build_jobs
+    from locos_tl.experiments.ablation_plan import build_jobs
 
     calls = []
     monkeypatch.setattr(sweeps, "ablation_sweep",
@@ -219,7 +219,8 @@ def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path
     trial."""
     from planted import PLANTED, build_planted, planted_trials
 
-    from locos_tl.experiments.evaluate import build_jobs, evaluate
+    from locos_tl.experiments.ablation_plan import build_jobs
+    from locos_tl.experiments.evaluate import ablation_sweep
     from locos_tl.models.load import load_model
 
     model = load_model(build_planted(tmp_path / "m"), device="cpu")
@@ -227,8 +228,8 @@ def test_report_table_is_rebuilt_from_the_records_of_every_call(script, tmp_path
     sets = {"locos": [PLANTED, (0, 0)], "other": [(0, 1), (0, 0)]}
     kw = dict(mode="output_zero", seeds=(0,), bottom=None, max_new_tokens=2,
               progress=False, out_dir=tmp_path / "run")
-    first = evaluate(model, trials, {"locos": sets["locos"]}, k=(1,), random=False, **kw)
-    second = evaluate(model, trials, sets, k=(2,), **kw)  # another grid, same run
+    first = ablation_sweep(model, trials, {"locos": sets["locos"]}, k=(1,), random=False, **kw)
+    second = ablation_sweep(model, trials, sets, k=(2,), **kw)  # another grid, same run
     (tmp_path / "run" / "jobs.json").unlink()  # as the runs published before it
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
     keys = {(j.method, j.k, j.seed): j.key  # the union grid: k 1 and 2 of every set

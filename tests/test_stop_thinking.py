@@ -79,14 +79,6 @@ def test_only_the_bare_newline_token_stops(think_model, ids):
 
     free, _ = _decode(think_model, forced, stop_rule="none")
     assert free.stopped_by == "max_new_tokens" and free.generated == forced
-    # the old flag is stop_rule="none", said at the caller's line
-    with pytest.warns(DeprecationWarning, match=r"greedy_decode\(\): stop_at_newline= is "
-                      "deprecated") as got:
-        dep, _ = _decode(think_model, forced, stop_at_newline=False)
-    assert dep.generated == forced and dep.stopped_by == "max_new_tokens"
-    assert {w.filename for w in got} == {__file__}
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="contradicts"):
-        _decode(think_model, forced, stop_at_newline=False, stop_rule="contains_newline")
 
     eos, _ = _decode(think_model, [ids["yuki"], ids["eos"], ids["the"]])
     assert eos.stopped_by == "eos" and eos.generated == [ids["yuki"], ids["eos"]]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 
 import locos_tl as lt
-from locos_tl.engine.stops import legacy_stop_rule
 from locos_tl.runs.distributed.pool import RayPool
 from locos_tl.runs.distributed.workers import executor_options, legacy_workers
 
@@ -46,7 +45,7 @@ def test_the_old_ray_keywords_become_workers_with_a_deprecation_warning():
                                "num_gpus_per_worker": None}, "score_trials")
     assert w == lt.RayWorkers(3, address="auto", load_kwargs={"dtype": "float32"})
     with pytest.warns(DeprecationWarning):
-        assert legacy_workers(1, {"pool": pool}, "ablation_sweep") is pool
+        assert legacy_workers(1, {"pool": pool}, "score_methods") is pool
     assert legacy_workers(2, {}, "x") == 2  # nothing old: nothing changes
     with pytest.warns(DeprecationWarning), pytest.raises(TypeError, match="given beside"):
         legacy_workers(lt.RayWorkers(2), {"ray_address": "auto"}, "score_trials")
@@ -54,10 +53,9 @@ def test_the_old_ray_keywords_become_workers_with_a_deprecation_warning():
         legacy_workers(1, {"pool": pool, "max_attempts": 2}, "score_trials")
 
 
-@pytest.mark.parametrize("fn", ["score_trials", "score_methods", "ablation_sweep"])
+@pytest.mark.parametrize("fn", ["score_trials", "score_methods"])
 def test_the_old_ray_keywords_still_reach_the_runner(fn, monkeypatch):
     """The old spelling runs the same executor the new one names (captured, not run)."""
-    import locos_tl.experiments.evaluate as ev
     import locos_tl.experiments.score as sc
 
     seen = []
@@ -66,12 +64,11 @@ def test_the_old_ray_keywords_still_reach_the_runner(fn, monkeypatch):
         seen.append(workers)
         raise KeyboardInterrupt  # stop before any model is touched
 
-    monkeypatch.setattr(sc if fn != "ablation_sweep" else ev, "executor_options", capture)
+    monkeypatch.setattr(sc, "executor_options", capture)
     trials = [lt.Trial(tokens=[1, 2, 3, 4], needle_span=(1, 2), answer="x")]
-    args = ([{"x": [(0, 0)]}] if fn == "ablation_sweep" else [])
     with pytest.warns(DeprecationWarning, match="ray_address= deprecated"), \
             pytest.raises(KeyboardInterrupt):
-        getattr(lt, fn)(None, trials, *args, workers=2, ray_address="auto", max_attempts=3)
+        getattr(lt, fn)(None, trials, workers=2, ray_address="auto", max_attempts=3)
     assert seen == [lt.RayWorkers(2, address="auto", max_attempts=3)]
 
 
@@ -81,15 +78,6 @@ def test_a_misspelt_keyword_names_its_near_miss():
         lt.score_trials(None, trials, num_gpu_per_worker=1)
     with pytest.raises(TypeError, match=r"did you mean max_new_tokens for max_new_token"):
         lt.score_methods(None, trials, max_new_token=3)
-    with pytest.raises(TypeError, match=r"ablation_sweep\(\) got unknown keyword"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'max_new_token'"):
         lt.ablation_sweep(None, trials, {"x": [(0, 0)]}, max_new_token=3)
 
-
-def test_stop_at_newline_is_a_stop_rule_with_a_deprecation_warning():
-    assert legacy_stop_rule("contains_newline", None, "f") == "contains_newline"
-    with pytest.warns(DeprecationWarning, match="stop_at_newline= is deprecated"):
-        assert legacy_stop_rule("newline_token", False, "f") == "none"
-    with pytest.warns(DeprecationWarning):
-        assert legacy_stop_rule("contains_newline", True, "f") == "contains_newline"
-    with pytest.warns(DeprecationWarning), pytest.raises(ValueError, match="contradicts"):
-        legacy_stop_rule("contains_newline", False, "f")

@@ -209,7 +209,7 @@ def check_means_hash(out: Path, old: dict[str, Any] | None, table: Any) -> None:
     Raises:
         LocosError: naming both hashes and the way out.
     """
-    from locos_tl.experiments.evaluate import means_hash
+    from locos_tl.experiments.ablation_plan import means_hash
 
     if table is not None and old is not None \
             and old.get("means_hash") not in (None, means_hash(table)):
@@ -279,9 +279,6 @@ def ablate(
                                                 "bare newline token stops), "
                                                 "contains_newline, or none (no newline "
                                                 "stops).")] = "newline_token",
-    stop_at_newline: Annotated[bool | None, typer.Option(
-        "--stop-at-newline/--no-stop-at-newline", hidden=True,
-        help="Deprecated: --no-stop-at-newline is --stop-rule none.")] = None,
     thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
                                                 "the stop rule and the metric.")] = True,
     reuse_prefix: Annotated[bool, typer.Option(
@@ -317,8 +314,10 @@ def ablate(
     import pandas as pd
 
     from locos_tl.engine.ablation import ABLATION_MODES, AblationMeans, calibrate_means
-    from locos_tl.engine.stops import STOP_RULES, legacy_stop_rule
-    from locos_tl.experiments.evaluate import evaluate, means_hash, summarize
+    from locos_tl.engine.stops import STOP_RULES
+    from locos_tl.experiments.ablation_plan import means_hash
+    from locos_tl.experiments.dissociation import summarize
+    from locos_tl.experiments.evaluate import ablation_sweep
     from locos_tl.experiments.task_metrics import CONTROL_METRICS, RETRIEVAL_METRICS, SCORERS
     from locos_tl.models.load import load_model, model_settings
     from locos_tl.plot import ablation_curves
@@ -327,14 +326,6 @@ def ablate(
     check_choice(mode, ABLATION_MODES, "--mode")
     check_choice(stop_rule, STOP_RULES, "--stop-rule")
     check_choice(scorer, sorted(SCORERS), "--scorer")
-    if stop_at_newline is not None:  # the old flag: kept, and said so
-        typer.echo("--stop-at-newline/--no-stop-at-newline is deprecated: use --stop-rule "
-                   "(newline_token, contains_newline or none)", err=True)
-        try:  # the flag's meaning, as ablation_sweep(stop_at_newline=) reads it
-            stop_rule = legacy_stop_rule(stop_rule, stop_at_newline, "locos ablate")
-        except ValueError:
-            raise typer.BadParameter(f"--no-stop-at-newline contradicts --stop-rule "
-                                     f"{stop_rule}; give only --stop-rule none") from None
     check_choice(control_metric, list(CONTROL_METRICS), "--control-metric")
     r_metric = retrieval_metric or RETRIEVAL_METRICS.get(scorer, "rougeL")
     check_dtype(dtype)
@@ -414,19 +405,19 @@ def ablate(
                             "a new --out directory")
                     out.mkdir(parents=True, exist_ok=True)
                     mean_table.save(stored)
-            df = evaluate(bridge, trial_list, head_sets, k=k_values, mode=mode,
-                          means=mean_table, seeds=seed_values, random=random,
-                          bottom=None if bottom == "none" else bottom, scorer=scorer,
-                          out_dir=out, max_new_tokens=max_new_tokens,
-                          stop_rule=stop_rule,
-                          thinking=thinking, workers=executor, extend=extend,
-                          reuse_prefix=reuse_prefix,  # its own reuse count:
-                          on_resume=lambda n, _: note_resume(out, n, what="generations"))
-            # the directory's table evaluate wrote (jobs.json): earlier calls' k and seeds
+            df = ablation_sweep(
+                bridge, trial_list, head_sets, k=k_values, mode=mode, means=mean_table,
+                seeds=seed_values, random=random,
+                bottom=None if bottom == "none" else bottom, scorer=scorer, out_dir=out,
+                max_new_tokens=max_new_tokens, stop_rule=stop_rule, thinking=thinking,
+                workers=executor, extend=extend,
+                reuse_prefix=reuse_prefix,  # its own reuse count:
+                on_resume=lambda n, _: note_resume(out, n, what="generations"))
+            # the directory's table ablation_sweep wrote (jobs.json): earlier calls' k and seeds
             df = pd.read_csv(out / "evaluation.csv")
             ds = None
             if control_list is not None:
-                df_control = evaluate(
+                df_control = ablation_sweep(
                     bridge, control_list, head_sets, k=k_values, mode=mode, means=mean_table,
                     seeds=seed_values, random=random,
                     bottom=None if bottom == "none" else bottom, scorer="control",
@@ -469,8 +460,8 @@ def write_dissociation(out: Path, df: Any, df_control: Any, *, control: Path,
     """Write ``dissociation.csv`` and a ``dissociation`` block into ``out/meta.json``.
 
     ``DS(k) = (R0 - R(k)) / R0 - (P0 - P(k)) / P0`` (arXiv 2607.01002, Sec. 4; see
-    :func:`locos_tl.experiments.evaluate.dissociation_score`); the control's own run (generations,
-    ``evaluation.csv``, ``meta.json``) is ``out/control/``.
+    :func:`locos_tl.experiments.dissociation.dissociation_score`); the control's own run
+    (generations, ``evaluation.csv``, ``meta.json``) is ``out/control/``.
 
     Returns:
         The DS table (``method, k, R0, R, P0, P, ds``).
@@ -478,7 +469,7 @@ def write_dissociation(out: Path, df: Any, df_control: Any, *, control: Path,
     Raises:
         ValueError: a metric missing from the retrieval or control rows.
     """
-    from locos_tl.experiments.evaluate import dissociation_score
+    from locos_tl.experiments.dissociation import dissociation_score
 
     ds = dissociation_score(df, df_control, retrieval_metric=retrieval_metric,
                             control_metric=control_metric)

@@ -66,7 +66,6 @@ from locos_tl.engine.stops import (
     StopRules,
     check_stop_rule,
     is_newline_stop,
-    legacy_stop_rule,
 )
 from locos_tl.engine.teacher_forcing import cached_continuation_logprobs, prompt_ids
 from locos_tl.engine.unembed import AnswerDirections
@@ -250,7 +249,6 @@ def greedy_decode(
     on_prompt_rows: Callable[[int, Tensor], None] | None = None,
     score_continuations: Sequence[Sequence[int]] | None = None,
     prefix: PromptPrefix | None = None,
-    stop_at_newline: bool | None = None,
     **decode: Any,
 ) -> DecodeResult:
     """Free greedy decoding, calling ``on_step`` at every step.
@@ -273,8 +271,6 @@ def greedy_decode(
         directions: answer directions for ``DecodeStep.phi``; needed only by phi users.
         forced_tokens: teacher forcing: step ``t`` takes ``forced_tokens[t]`` instead of
             the argmax (decoding ends when they run out).
-        stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
-            (:func:`locos_tl.engine.stops.legacy_stop_rule`).
         prompt_window: with ``on_prompt_rows``, read the attention rows of the last
             ``prompt_window`` prompt positions (the HeadKV anchor variant): see
             :func:`prefill_with_rows`. The row of the last prompt position is step 0's
@@ -311,16 +307,12 @@ def greedy_decode(
         TypeError: a keyword that is neither an argument nor a field of
             :class:`~locos_tl.engine.options.DecodeOptions` (a near miss is named).
         ValueError: unknown ``stop_rule``, ``prefill_mode`` or ``decode_engine``;
-            ``"twin"`` impossible; ``stop_at_newline=False`` beside
-            ``stop_rule="contains_newline"``; ``max_new_tokens`` not an integer >= 1.
+            ``"twin"`` impossible; ``max_new_tokens`` not an integer >= 1.
         TrialError: ``tokens`` is not a sequence or tensor of integer ids (a string, a
             float: the message says which); empty prompt; prompt + ``max_new_tokens``
             (or + a continuation) longer than ``n_ctx``; an empty continuation.
         NonFiniteError: a step's logits hold NaN or inf (a :class:`TrialError`).
     """
-    if stop_at_newline is not None:
-        rule = decode.get("stop_rule", (options or DecodeOptions()).stop_rule)
-        decode["stop_rule"] = legacy_stop_rule(rule, stop_at_newline, "greedy_decode")
     opts = DecodeOptions.from_kwargs(options, where="greedy_decode", **decode)
     max_new_tokens, chunk_size = opts.max_new_tokens, opts.chunk_size
     ids = prompt_ids(tokens)

@@ -25,31 +25,7 @@ from locos_tl.engine.forward import hf_model
 from locos_tl.engine.options import STOP_RULES, StopRule, check_stop_rule
 
 __all__ = ["STOP_RULES", "DecodeResult", "StopRule", "StopRules", "StopState", "check_stop_rule",
-           "is_newline_stop", "legacy_stop_rule", "stop_predicate"]
-
-
-def legacy_stop_rule(stop_rule: str, stop_at_newline: bool | None, caller: str) -> StopRule:
-    """The stop rule that the old ``stop_at_newline=`` flag meant, with a
-    DeprecationWarning: ``False`` is ``stop_rule="none"``, ``True`` keeps ``stop_rule``;
-    ``None`` (not given): ``stop_rule`` unchanged.
-
-    Raises:
-        ValueError: ``stop_at_newline=False`` beside a stop rule that stops at newlines
-            other than the default (the two contradict), or an unknown stop rule.
-    """
-    stop_rule = check_stop_rule(stop_rule)
-    if stop_at_newline is None:
-        return stop_rule
-    from locos_tl.errors import warn_caller
-
-    warn_caller(f"{caller}(): stop_at_newline= is deprecated; use stop_rule= "
-                "('newline_token', 'contains_newline' or 'none')", DeprecationWarning)
-    if stop_at_newline:
-        return stop_rule
-    if stop_rule not in ("newline_token", "none"):
-        raise ValueError(f"stop_at_newline=False contradicts stop_rule={stop_rule!r}; "
-                         "give only stop_rule='none'")
-    return "none"
+           "is_newline_stop", "stop_predicate"]
 
 
 def is_newline_stop(text: str, rule: str = "newline_token") -> bool:

@@ -55,7 +55,7 @@ def dissociation_score(
     def pick(df: pd.DataFrame, metric: str, what: str) -> tuple[float, pd.Series]:
         missing = [c for c in ("method", "k", "metric", "value") if c not in df.columns]
         if missing:
-            raise ValueError(f"{what}: not an evaluate() table (no column {missing})")
+            raise ValueError(f"{what}: not an ablation_sweep() table (no column {missing})")
         sub = df[df["metric"] == metric]
         if sub.empty:
             raise ValueError(f"{what}: no rows for metric {metric!r} "

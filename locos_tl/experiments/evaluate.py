@@ -35,23 +35,13 @@ from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix, reuse_al
 from locos_tl.engine.stops import (
     StopRule,
     check_stop_rule,
-    legacy_stop_rule,
     stop_predicate,
 )
 from locos_tl.engine.teacher_forcing import continuation_logprobs
 from locos_tl.errors import warn_caller
-from locos_tl.experiments.ablation_plan import (  # noqa: F401  (re-exported: old import path)
-    DEFAULT_KS,
-    RANDOM,
-    _ranking,
-    build_jobs,
-    means_hash,
-    plan_grid,
-)
-from locos_tl.experiments.dissociation import (  # noqa: F401  (re-exported: old import path)
-    BASELINE,
+from locos_tl.experiments.ablation_plan import RANDOM, _ranking, means_hash, plan_grid
+from locos_tl.experiments.dissociation import (  # noqa: F401  (protocol.report's import)
     dissociation_score,
-    summarize,
 )
 from locos_tl.experiments.margin import (
     candidate_token_ids,
@@ -76,10 +66,8 @@ from locos_tl.head_spec import HeadLike
 from locos_tl.heads import HeadScores
 from locos_tl.models.load import model_dtype, model_settings
 from locos_tl.runs.distributed.workers import (
-    LEGACY_RAY_OPTIONS,
     Workers,
     executor_options,
-    legacy_workers,
 )
 from locos_tl.runs.provenance import provenance
 from locos_tl.runs.records import META_FILE, RecordStore
@@ -115,9 +103,7 @@ def ablation_sweep(
     name_margin: bool | None = None,
     reuse_prefix: bool = True,
     prefix_bytes: int = DEFAULT_PREFIX_BYTES,
-    stop_at_newline: bool | None = None,
     ci: float | int | None = 0.95,
-    **legacy_ray: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
 
@@ -195,12 +181,8 @@ def ablation_sweep(
             runs under those hooks plus its own ablation, as with ``False``.
         prefix_bytes: cap on the ``resid_pre`` kept per trial (bytes, highest layers
             first); a head set starting beyond it recomputes the prompt.
-        stop_at_newline: deprecated; ``False`` is ``stop_rule="none"``
-            (:func:`locos_tl.engine.stops.legacy_stop_rule`).
         ci: confidence level of the bootstrap intervals over trials, in (0, 1), e.g.
             0.95; None: no interval columns.
-        **legacy_ray: deprecated Ray keywords (``ray_address``, ``pool``, ...), now in
-            ``workers=`` (:func:`locos_tl.runs.distributed.workers.legacy_workers`).
 
     Returns:
         Tidy DataFrame of this call's cells, one row per (method, k, seed, metric):
@@ -212,9 +194,7 @@ def ablation_sweep(
     Raises:
         ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``; ``ci``
             not None nor a level in (0, 1)
-            (:func:`locos_tl.experiments.stats.check_confidence`);
-            ``stop_at_newline=False`` beside a stop rule other than the default.
-        TypeError: an unknown keyword; an old Ray keyword beside ``workers=RayWorkers``.
+            (:func:`locos_tl.experiments.stats.check_confidence`).
         HeadSpecError: (a ``ValueError``) ``head_sets`` is not a dict of rankings; a
             malformed, repeated or out-of-range head; a k or seed that is not an
             integer, a k below 1 or above ``n_layers * n_heads`` (nothing is dropped
@@ -229,17 +209,12 @@ def ablation_sweep(
     mode = check_mode(mode)
     if ci is not None:
         ci = check_confidence(ci, "ci")
-    unknown = sorted(set(legacy_ray) - set(LEGACY_RAY_OPTIONS))
-    if unknown:
-        raise TypeError(f"ablation_sweep() got unknown keyword(s) {unknown}")
-    workers = legacy_workers(workers, legacy_ray, "ablation_sweep")
-    stop_rule = legacy_stop_rule(stop_rule, stop_at_newline, "ablation_sweep")
     dist = executor_options(workers)
     if mode.endswith("_mean") and means is None:
         raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
     score_fn = get_scorer(scorer)
     stop_rule = check_stop_rule(stop_rule)
-    trials = as_trial_list(trials, "evaluate")
+    trials = as_trial_list(trials, "ablation_sweep")
     if name_margin is None:
         name_margin = bool(trials) and all(t.meta.get("distractor_names") for t in trials)
     check_trials(model, trials, where="ablation_sweep", max_new_tokens=max_new_tokens,
@@ -419,10 +394,6 @@ def _with_intervals(df: pd.DataFrame, per_trial: pd.DataFrame, ci: float) -> pd.
               for key in zip(*(df[c] for c in cols), strict=True)]
     return df.assign(ci_low=[lo for lo, _ in bounds], ci_high=[hi for _, hi in bounds])
 
-
-#: the former name of :func:`ablation_sweep` (``locos_tl.evaluate`` warns; this
-#: module path does not)
-evaluate = ablation_sweep
 
 def _record_cells(out_dir: str | Path, jobs: Sequence[AblationJob],
                   head_sets: Mapping[str, Sequence[HeadLike] | HeadScores], L: int, H: int,

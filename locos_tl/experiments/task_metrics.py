@@ -141,7 +141,7 @@ def score_babilong(response: str, trial: Trial) -> dict[str, float]:
 def score_control(response: str, trial: Trial) -> dict[str, float]:
     """Specificity-control metrics: ``exact_match`` (:func:`control_exact_match`, the
     published control metric and the default ``P`` of
-    :func:`locos_tl.experiments.evaluate.dissociation_score`) and NoLiMa ``contains``
+    :func:`locos_tl.experiments.dissociation.dissociation_score`) and NoLiMa ``contains``
     (case-sensitive
     substring; the former default, kept as an option)."""
     golds = gold_answers(trial)

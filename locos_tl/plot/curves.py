@@ -137,7 +137,7 @@ def dissociation(df: pd.DataFrame, *, title: str | None = None) -> go.Figure:
     Args:
         df: rows ``method, k, ds`` (and optionally ``seed``: then the mean over seeds is
             drawn with a one-std error bar), e.g.
-            :func:`locos_tl.experiments.evaluate.dissociation_score`.
+            :func:`locos_tl.experiments.dissociation.dissociation_score`.
         title: figure title.
 
     Returns:
