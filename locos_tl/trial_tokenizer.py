@@ -6,8 +6,8 @@ tokenizer's fingerprint (:func:`locos_tl.tokenize.tokenizer_fingerprint`) and na
 :func:`locos_tl.trials.check_trials_tokenizer` (:func:`check_tokenizer` here) refuses to
 run trials on a model whose tokenizer has another fingerprint (organism trials on
 SmolLM2, say) before any forward pass; trials without a fingerprint run, with one
-warning per trial. :mod:`locos_tl.trials` re-exports :func:`span_from_offsets` and holds
-the set of trial ids already warned about, which it passes here.
+warning per trial. :mod:`locos_tl.trials` holds the set of trial ids already warned
+about, which it passes here.
 
 This module does not import :mod:`locos_tl.trials` (which imports it); a trial here is
 anything with ``trial_id``, ``tokenizer_fingerprint`` and ``tokenizer_name``.

@@ -26,14 +26,13 @@ from locos_tl.trial_tokenizer import (
     check_record_tokenizer,
     check_tokenizer,
     identity_of_tokens,
-    span_from_offsets,
     tokenize_needle,
     tokenizer_of_file,
     warn_unchecked_file,
 )
 
 __all__ = ["Trial", "as_span", "as_token_ids", "as_trial_list", "check_trials_tokenizer",
-           "load_trials", "save_trials", "span_from_offsets", "trial_set_hash"]
+           "load_trials", "save_trials", "trial_set_hash"]
 
 #: trial ids already warned about for lacking a tokenizer fingerprint (one warning per
 #: trial: at load_trials, or at the first run that checks it)

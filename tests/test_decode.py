@@ -11,7 +11,8 @@ import pytest
 import torch
 from tolerances import assert_close_within, model_tol
 
-from locos_tl.engine.decode import greedy_decode, prefill
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.forward import prefill
 from locos_tl.engine.greedy import greedy_loop
 from locos_tl.engine.stops import StopRules
 from locos_tl.errors import NonFiniteError, TrialError

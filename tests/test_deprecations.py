@@ -95,11 +95,36 @@ def test_paths_removed_before_the_first_release_are_refused():
     for kw in ({"stop_at_newline": False}, {"ray_address": "auto"}, {"max_attempts": 2}):
         with warnings.catch_warnings():
             warnings.simplefilter("error", DeprecationWarning)
-            with pytest.raises(TypeError, match=f"unexpected keyword argument '{[*kw][0]}'"):
+            with pytest.raises(TypeError, match=rf"(unexpected keyword argument |unknown "
+                                                rf"keyword\(s\) \[)'{[*kw][0]}'"):
                 lt.ablation_sweep(*sweep, **kw)
     with pytest.raises(TypeError, match=r"greedy_decode\(\) got unknown keyword\(s\) "
                                         r"\['stop_at_newline'\]"):
         lt.greedy_decode(None, [1, 2, 3], stop_at_newline=False)
+
+
+#: names that moved, and the module they were still importable from: each is imported
+#: from its own module now
+MOVED = [
+    ("locos_tl.engine.decode", "prefill", "locos_tl.engine.forward"),
+    ("locos_tl.engine.decode", "engine_paths", "locos_tl.engine.forward"),
+    ("locos_tl.engine.decode", "check_stop_rule", "locos_tl.engine.stops"),
+    ("locos_tl.engine.decode", "is_newline_stop", "locos_tl.engine.stops"),
+    ("locos_tl.experiments.evaluate", "build_jobs", "locos_tl.experiments.ablation_plan"),
+    ("locos_tl.experiments.evaluate", "BASELINE", "locos_tl.experiments.dissociation"),
+    ("locos_tl.experiments.evaluate", "summarize", "locos_tl.experiments.dissociation"),
+    ("locos_tl.trials", "span_from_offsets", "locos_tl.trial_tokenizer"),
+    ("locos_tl.runs.runner", "trial_record", "locos_tl.runs.trial"),
+    ("locos_tl.data.prompt", "_nearest", "locos_tl.data.placement"),
+]
+
+
+@pytest.mark.parametrize(("old", "name", "home"), MOVED)
+def test_a_moved_name_is_importable_from_its_home_only(old, name, home):
+    import importlib
+
+    assert hasattr(importlib.import_module(home), name)
+    assert not hasattr(importlib.import_module(old), name), f"{old}.{name}: an old path"
 
 
 def test_a_script_sees_the_deprecation_warnings_under_the_default_filters(tmp_path):

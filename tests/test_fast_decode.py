@@ -22,7 +22,8 @@ from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial
 from locos_tl.detectors import DETECTORS, get_detector
-from locos_tl.engine.decode import DecodeStep, engine_paths, greedy_decode, step_engine
+from locos_tl.engine.decode import DecodeStep, greedy_decode
+from locos_tl.engine.forward import engine_paths, step_engine
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.experiments.score import score_methods, score_trials
 from locos_tl.models.tiny import SHORT_WINDOWS

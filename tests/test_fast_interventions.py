@@ -18,7 +18,8 @@ from tolerances import assert_close_within, model_tol
 
 from locos_tl import Trial
 from locos_tl.engine.ablation import ABLATION_MODES, ablate, calibrate_means
-from locos_tl.engine.decode import greedy_decode, prefill
+from locos_tl.engine.decode import greedy_decode
+from locos_tl.engine.forward import prefill
 from locos_tl.engine.interventions import engine, hooks_reproducible, intervene
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.experiments.patching import cri_trial

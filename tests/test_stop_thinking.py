@@ -7,7 +7,8 @@ from __future__ import annotations
 import pytest
 
 from locos_tl.engine.answers import answer_steps, response_start, think_token_ids
-from locos_tl.engine.decode import DecodeStep, check_stop_rule, greedy_decode, is_newline_stop
+from locos_tl.engine.decode import DecodeStep, greedy_decode
+from locos_tl.engine.stops import check_stop_rule, is_newline_stop
 
 
 @pytest.fixture(scope="module")

@@ -20,10 +20,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from locos_tl.data.haystack import Haystack
-from locos_tl.data.placement import _Book, _covering_span, _insert, _nearest  # noqa: F401
+from locos_tl.data.placement import _Book, _covering_span, _insert
 from locos_tl.errors import DataFormatError, TrialError
 from locos_tl.tokenize import checkpoint_tokenizer, encode_prompt, tokenizer_identity
-from locos_tl.trials import Trial, span_from_offsets
+from locos_tl.trial_tokenizer import span_from_offsets
+from locos_tl.trials import Trial
 
 
 class HaystackTooShortError(TrialError):

@@ -24,9 +24,9 @@ last prompt token with ``N`` keys, step ``t`` has ``N + t - 1`` keys (docs/conce
 
 The steps run in the package's one greedy loop (:func:`locos_tl.engine.greedy.greedy_loop`:
 budget, argmax pick, non-finite check, forcing, stops), driven here by one forward per
-engine. The stop and thinking rules live in :mod:`locos_tl.engine.stops`, the KV cache,
-prefill and step engines in :mod:`locos_tl.engine.forward`; this module re-exports their
-public names.
+engine. The stop and thinking rules live in :mod:`locos_tl.engine.stops` (with the
+:class:`DecodeResult` they produce), the KV cache, prefill and step engines in
+:mod:`locos_tl.engine.forward`.
 """
 
 from __future__ import annotations
@@ -41,15 +41,11 @@ from jaxtyping import Float
 from torch import Tensor
 
 from locos_tl.engine.forward import (
-    DECODE_ENGINES,
-    DecodeEngine,
     StepEngine,
     TwinScales,
     cache_values,
-    engine_paths,
     hf_model,
     pre_step_values,
-    prefill,
     prefill_with_rows,
     sliding_layers,
     step_engine,
@@ -59,35 +55,13 @@ from locos_tl.engine.greedy import greedy_loop
 from locos_tl.engine.kernel import phi_from_pattern
 from locos_tl.engine.options import DecodeOptions
 from locos_tl.engine.prefix import PromptPrefix, prefill_from, trace_step
-from locos_tl.engine.stops import (
-    STOP_RULES,
-    DecodeResult,
-    StopRule,
-    StopRules,
-    check_stop_rule,
-    is_newline_stop,
-)
+from locos_tl.engine.stops import DecodeResult, StopRules
 from locos_tl.engine.teacher_forcing import cached_continuation_logprobs, prompt_ids
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import LocosError, TrialError
 
-__all__ = [
-    "DECODE_ENGINES",
-    "STOP_RULES",
-    "DecodeEngine",
-    "DecodeResult",
-    "DecodeStep",
-    "PaddedValues",
-    "StepEngine",
-    "StopRule",
-    "check_stop_rule",
-    "engine_paths",
-    "greedy_decode",
-    "is_newline_stop",
-    "prefill",
-    "prefill_with_rows",
-    "step_engine",
-]
+#: this module's names, and the :class:`DecodeResult` that :func:`greedy_decode` returns
+__all__ = ["DecodeResult", "DecodeStep", "PaddedValues", "greedy_decode"]
 
 
 @dataclass

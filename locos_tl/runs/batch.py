@@ -64,7 +64,7 @@ from locos_tl.engine.options import DecodeOptions
 from locos_tl.engine.stops import StopRules
 from locos_tl.engine.unembed import AnswerDirections
 from locos_tl.errors import TrialError, warn_caller
-from locos_tl.runs.runner import _Collector, non_finite_record, run_trial, trial_record
+from locos_tl.runs.trial import _Collector, non_finite_record, run_trial, trial_record
 from locos_tl.trials import Trial
 
 __all__ = ["batch_fallback_reason", "run_trials_batched"]

@@ -34,13 +34,8 @@ from locos_tl.runs.options import ScoreOptions
 from locos_tl.runs.records import RecordStore
 from locos_tl.runs.rundir import prune_stale_methods
 
-# one trial's decode and record (re-exported: these names stay importable from here)
-from locos_tl.runs.trial import (  # noqa: F401
-    _Collector,
-    non_finite_record,
-    run_trial,
-    trial_record,
-)
+# one trial's decode and record (locos_tl.experiments.score imports them from here)
+from locos_tl.runs.trial import non_finite_record, run_trial  # noqa: F401
 from locos_tl.trials import Trial, as_trial_list, check_trials_tokenizer, trial_set_hash
 
 RESUME_KEYS = ("model", "dtype", "variant", "max_new_tokens", "gate_threshold", "stop_rule",
