@@ -131,6 +131,38 @@ def test_evaluate_planted_head_ablation_and_resume(planted, tmp_path, monkeypatc
     assert json.loads(meta)["settings"]["methods"] == [BASELINE, "locos", "other", "random"]
 
 
+def test_a_sweep_records_its_options_and_reads_them_back(planted, tmp_path) -> None:
+    """``meta.json``'s settings are the sweep's :class:`AblationOptions` (the keys sweeps
+    have always recorded, with the same values; ``ks`` and ``seeds`` as planned), read
+    back into the same options; an options object and its keywords sweep alike; the
+    sweep's decoding defaults (100 tokens, 1024-token chunks) are the object's."""
+    from locos_tl.engine.options import DecodeOptions
+    from locos_tl.experiments.options import ABLATION_DECODE, AblationOptions
+
+    model, trials = planted
+    options = AblationOptions(k=[1], mode="output_zero", seeds=[0], bottom=None,
+                              decode=DecodeOptions(max_new_tokens=2, stop_rule="none"))
+    assert options.k == (1,) and options.seeds == (0,)  # lists kept as tuples
+    sets = {"locos": [PLANTED], "other": [(0, 0)]}
+    df = ablation_sweep(model, trials, sets, options, out_dir=tmp_path, progress=False)
+    settings = json.loads((tmp_path / "meta.json").read_text())["settings"]
+    assert {k: settings[k] for k in ("mode", "max_new_tokens", "stop_at_newline", "stop_rule",
+                                     "thinking", "reuse_prefix", "scorer", "ks", "seeds")} == {
+        "mode": "output_zero", "max_new_tokens": 2, "stop_at_newline": False,
+        "stop_rule": "none", "thinking": True, "reuse_prefix": True, "scorer": "nolima",
+        "ks": [1], "seeds": [0]}
+    back = AblationOptions.from_settings(settings)
+    assert back.decode == DecodeOptions(max_new_tokens=2, stop_rule="none")
+    assert (back.k, back.seeds, back.mode, back.bottom) == ((1,), (0,), "output_zero", None)
+    kw = ablation_sweep(model, trials, sets, k=1, mode="output_zero", seeds=0, bottom=None,
+                        max_new_tokens=2, stop_rule="none", progress=False)
+    pd.testing.assert_frame_equal(kw, df)
+    assert AblationOptions().decode == ABLATION_DECODE
+    assert (ABLATION_DECODE.max_new_tokens, ABLATION_DECODE.chunk_size) == (100, 1024)
+    with pytest.raises(ValueError, match="unknown scorer 'rouge'"):
+        AblationOptions(scorer="rouge")
+
+
 def test_evaluate_extend_grows_a_run_keeping_its_generations(planted, tmp_path,
                                                              monkeypatch) -> None:
     from locos_tl.errors import LocosError

@@ -31,6 +31,7 @@ from locos_tl.cli._common import (
     write_figure,
 )
 from locos_tl.errors import LocosError
+from locos_tl.experiments.options import ABLATION_DECODE
 
 
 def parse_ints(text: str, what: str) -> list[int]:
@@ -274,11 +275,13 @@ def ablate(
     bottom: Annotated[str, typer.Option(help="Bottom-k control source: auto, none or a "
                                              "head-set name.")] = "auto",
     scorer: Annotated[str, typer.Option(help="nolima, musique or babilong.")] = "nolima",
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.", min=1)] = 100,
+    max_new_tokens: Annotated[int, typer.Option(
+        help="Greedy decoding budget, in tokens (100, the authors' release's ablation "
+             "budget, where scoring decodes 50).", min=1)] = ABLATION_DECODE.max_new_tokens,
     stop_rule: Annotated[str, typer.Option(help="newline_token (paper's release: only the "
                                                 "bare newline token stops), "
                                                 "contains_newline, or none (no newline "
-                                                "stops).")] = "newline_token",
+                                                "stops).")] = ABLATION_DECODE.stop_rule,
     thinking: Annotated[bool, typer.Option(help="Skip a <think>...</think> block before "
                                                 "the stop rule and the metric.")] = True,
     reuse_prefix: Annotated[bool, typer.Option(

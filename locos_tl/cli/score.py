@@ -162,11 +162,11 @@ def _run_score(model: str, trials: Path, out: Path, options: Any, *, device: str
         trial_list = early if early is not None else load_trials(trials, _tokenizer(model))
         if not trial_list:
             raise TrialError(f"{trials} holds no trial")
-        return score_methods(model, trial_list, options, out_dir=out, workers=ray,
+        return score_methods(model, trial_list, options=options, out_dir=out, workers=ray,
                              on_resume=partial(note_resume, out))
     bridge = load_model(model, device=device, dtype=dtype, device_map=placement)
     trial_list = trials_after_load(trials, bridge, early)
-    return score_methods(bridge, trial_list, options, out_dir=out,
+    return score_methods(bridge, trial_list, options=options, out_dir=out,
                          on_resume=partial(note_resume, out))  # the run's own reuse count
 
 

@@ -36,7 +36,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any
 
 import numpy as np
 import torch
@@ -46,13 +46,15 @@ from tqdm.auto import tqdm
 
 from locos_tl.engine.forward import prefill
 from locos_tl.engine.interventions import intervene, is_shared_q_norm
+from locos_tl.engine.options import (  # noqa: F401  (re-exported: their old home)
+    ABLATION_MODES,
+    AblationMode,
+    check_mode,
+)
 from locos_tl.errors import TrialError
 from locos_tl.head_spec import HeadLike, as_int, parse_heads
 from locos_tl.heads import Head
 from locos_tl.tokenize import BosPolicy
-
-AblationMode = Literal["query_mean", "query_zero", "output_mean", "output_zero"]
-ABLATION_MODES: tuple[str, ...] = get_args(AblationMode)
 
 _HOOK = {"query": "blocks.{l}.attn.hook_q", "output": "blocks.{l}.attn.hook_z"}
 
@@ -242,17 +244,6 @@ def _check_prompts(prompts: Any) -> list[str | tuple[int, ...]]:
         else:
             out.append(as_token_ids(p, f"calibration prompt {i}"))
     return out
-
-
-def check_mode(mode: str) -> AblationMode:
-    """Validate an ablation mode name.
-
-    Raises:
-        ValueError: unknown mode; the message lists the known ones.
-    """
-    if mode not in ABLATION_MODES:
-        raise ValueError(f"unknown ablation mode {mode!r}; use one of {list(ABLATION_MODES)}")
-    return mode  # type: ignore[return-value]
 
 
 def shared_q_norm(model: Any, layer: int) -> torch.nn.Module | None:

@@ -19,8 +19,9 @@ import operator
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, TypeVar, get_args
 
-__all__ = ["DECODE_ENGINES", "PREFILL_MODES", "STOP_RULES", "DecodeEngine", "DecodeOptions",
-           "Options", "PrefillMode", "StopRule", "check_max_new_tokens", "check_stop_rule"]
+__all__ = ["ABLATION_MODES", "DECODE_ENGINES", "DEFAULT_PREFIX_BYTES", "PREFILL_MODES",
+           "STOP_RULES", "AblationMode", "DecodeEngine", "DecodeOptions", "Options",
+           "PrefillMode", "StopRule", "check_max_new_tokens", "check_mode", "check_stop_rule"]
 
 StopRule = Literal["newline_token", "contains_newline", "none"]
 STOP_RULES: tuple[str, ...] = get_args(StopRule)
@@ -28,6 +29,12 @@ PrefillMode = Literal["auto", "sdpa", "bridge"]
 PREFILL_MODES: tuple[str, ...] = get_args(PrefillMode)
 DecodeEngine = Literal["auto", "twin", "bridge"]
 DECODE_ENGINES: tuple[str, ...] = get_args(DecodeEngine)
+#: how :func:`locos_tl.engine.ablation.ablate` silences a head
+AblationMode = Literal["query_mean", "query_zero", "output_mean", "output_zero"]
+ABLATION_MODES: tuple[str, ...] = get_args(AblationMode)
+#: default cap on the kept ``resid_pre`` of one prompt (bytes;
+#: :func:`locos_tl.engine.prefix.prompt_prefix`)
+DEFAULT_PREFIX_BYTES = 1 << 30
 
 O = TypeVar("O", bound="Options")
 
@@ -42,6 +49,17 @@ def check_max_new_tokens(max_new_tokens: object) -> int:
             or max_new_tokens < 1):
         raise ValueError(f"max_new_tokens must be an integer >= 1, got {max_new_tokens!r}")
     return max_new_tokens
+
+
+def check_mode(mode: str) -> AblationMode:
+    """Validate an ablation mode name.
+
+    Raises:
+        ValueError: unknown mode; the message lists the known ones.
+    """
+    if mode not in ABLATION_MODES:
+        raise ValueError(f"unknown ablation mode {mode!r}; use one of {list(ABLATION_MODES)}")
+    return mode  # type: ignore[return-value]
 
 
 def check_stop_rule(rule: str) -> StopRule:

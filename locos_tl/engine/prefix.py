@@ -44,6 +44,7 @@ from torch import Tensor
 
 from locos_tl.engine.forward import fork_cache, new_cache
 from locos_tl.engine.interventions import engine, lens_hooks_attached, lowest_intervened_layer
+from locos_tl.engine.options import DEFAULT_PREFIX_BYTES
 from locos_tl.engine.twin import sdpa_twin
 from locos_tl.errors import warn_caller
 
@@ -51,8 +52,6 @@ __all__ = ["DEFAULT_PREFIX_BYTES", "DecodeTrace", "PromptPrefix", "capture_prefi
            "keep_resid_pre", "prefill_from", "prompt_prefix", "reuse_allowed",
            "start_at_layer", "trace_decode", "trace_step"]
 
-#: default cap on the kept ``resid_pre`` of one prompt (bytes)
-DEFAULT_PREFIX_BYTES = 1 << 30
 
 
 @dataclass(eq=False)

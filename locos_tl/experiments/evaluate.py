@@ -26,15 +26,11 @@ from tqdm.auto import tqdm
 
 from locos_tl.engine.ablation import (
     AblationMeans,
-    AblationMode,
     ablate,
-    check_mode,
 )
 from locos_tl.engine.decode import greedy_decode
-from locos_tl.engine.prefix import DEFAULT_PREFIX_BYTES, prompt_prefix, reuse_allowed
+from locos_tl.engine.prefix import prompt_prefix, reuse_allowed
 from locos_tl.engine.stops import (
-    StopRule,
-    check_stop_rule,
     stop_predicate,
 )
 from locos_tl.engine.teacher_forcing import continuation_logprobs
@@ -49,6 +45,7 @@ from locos_tl.experiments.margin import (
     margin_scorable,
 )
 from locos_tl.experiments.methods import check_trials, fits_decode
+from locos_tl.experiments.options import AblationOptions
 from locos_tl.experiments.run_table import (
     AblationJob,
     directory_table,
@@ -56,11 +53,8 @@ from locos_tl.experiments.run_table import (
     read_jobs,
     record_jobs,
 )
-from locos_tl.experiments.stats import check_confidence
 from locos_tl.experiments.task_metrics import (
-    Scorer,
     get_scorer,
-    scorer_name,
 )
 from locos_tl.head_spec import HeadLike
 from locos_tl.heads import HeadScores
@@ -83,27 +77,15 @@ def ablation_sweep(
     model: Any,
     trials: Any,  # Sequence[Trial]; one bare Trial is refused (as_trial_list)
     head_sets: Mapping[str, Sequence[HeadLike] | HeadScores],
+    options: AblationOptions | None = None,
     *,
-    k: int | Sequence[int] | None = None,
-    mode: AblationMode = "query_mean",
     means: AblationMeans | None = None,
-    seeds: int | Sequence[int] = (0, 1, 2),
-    random: bool = True,
-    bottom: str | None = "auto",
-    scorer: str | Scorer = "nolima",
     out_dir: str | Path | None = None,
-    max_new_tokens: int = 100,
-    chunk_size: int = 1024,
-    stop_rule: StopRule = "newline_token",
-    thinking: bool = True,
     progress: bool = True,
     workers: Workers = 1,
     on_resume: Callable[[int, int], None] | None = None,
     extend: bool = False,
-    name_margin: bool | None = None,
-    reuse_prefix: bool = True,
-    prefix_bytes: int = DEFAULT_PREFIX_BYTES,
-    ci: float | int | None = 0.95,
+    **kwargs: Any,
 ) -> pd.DataFrame:
     """Answer quality after ablating each method's top-k heads (docs/concepts.md).
 
@@ -120,32 +102,42 @@ def ablation_sweep(
             any form of :func:`locos_tl.head_spec.parse_heads` (``(14, 3)``,
             ``"L14H3"``, ``"14-3"``; no head twice). A k beyond a list's length is
             skipped for it with a warning, recorded as ``skipped_k`` in ``meta.json``.
+        options: the sweep's :class:`~locos_tl.experiments.options.AblationOptions`
+            (None: the defaults), saved in ``meta.json`` as its ``settings``.
+        means: calibration means (:func:`locos_tl.calibrate_means`), needed by
+            ``query_mean`` and ``output_mean``.
+        **kwargs: any field of :class:`~locos_tl.experiments.options.AblationOptions`
+            or of its ``decode`` as a keyword, overriding ``options``:
         k: head counts to ablate, each in ``1..n_layers * n_heads``; default: the
             paper's :data:`DEFAULT_KS` (1, 5, 10, 20, 50, 100) up to the model's head
             count. k=0 (no ablation) is always run, as method ``"baseline"``.
         mode: ablation mode (see :func:`locos_tl.ablate`).
-        means: calibration means (:func:`locos_tl.calibrate_means`), needed by
-            ``query_mean`` and ``output_mean``.
         seeds: seeds of the random-heads control (one int or a list).
         random: include the random-heads control (method ``"random"``).
-        bottom: bottom-k control source (see :func:`build_jobs`).
+        bottom: bottom-k control source
+            (:func:`locos_tl.experiments.ablation_plan.build_jobs`).
         scorer: ``"nolima"`` (``rougeL``, ``contains``), ``"musique"`` (``em``,
             ``f1``), ``"babilong"`` (``substring``), ``"control"`` (``exact_match``,
             ``contains``; the specificity controls) or a callable
             ``(response, trial) -> {metric: value}``.
-        out_dir: run directory (``trials.jsonl`` generations, ``meta.json`` provenance,
-            ``jobs.json`` cells, ``evaluation.csv``); a rerun with the same settings
-            skips finished work. ``evaluation.csv`` is the directory's table
-            (:func:`locos_tl.experiments.run_table.load_ablation_sweep`): this call's cells
-            and those of earlier calls whose generations cover ``trials``.
-        max_new_tokens: greedy decoding budget.
-        chunk_size: prefill query chunk (memory ``O(chunk_size x N)`` per layer).
+        max_new_tokens: greedy decoding budget (default 100 tokens, the authors'
+            release's evaluation budget; scoring's is 50:
+            :data:`~locos_tl.experiments.options.ABLATION_DECODE`).
+        chunk_size: prefill query chunk (default 1024; memory ``O(chunk_size x N)`` per
+            layer).
         stop_rule: ``"newline_token"`` (default, the authors' release: only the bare
             newline token stops), ``"contains_newline"``, or ``"none"`` (no newline
             stops: multi-line answers such as MuSiQue); see
             :func:`locos_tl.engine.stops.is_newline_stop`. Recorded in ``meta.json``.
         thinking: skip a ``<think> ... </think>`` block before the stop rule and keep
             its text out of the scored response (default). Recorded in ``meta.json``.
+        prefill_mode, decode_engine, stop_at_eos: as in
+            :class:`~locos_tl.engine.options.DecodeOptions`.
+        out_dir: run directory (``trials.jsonl`` generations, ``meta.json`` provenance,
+            ``jobs.json`` cells, ``evaluation.csv``); a rerun with the same settings
+            skips finished work. ``evaluation.csv`` is the directory's table
+            (:func:`locos_tl.experiments.run_table.load_ablation_sweep`): this call's cells
+            and those of earlier calls whose generations cover ``trials``.
         progress: show a tqdm bar over (head set, trial) generations.
         workers: where the generations run (:mod:`locos_tl.runs.distributed.workers`):
             1 (default) in this process; ``N > 1`` on N Ray actors; ``RayWorkers(n,
@@ -192,6 +184,8 @@ def ablation_sweep(
         methods have ``seed = 0``; the baseline row is ``method="baseline", k=0``.
 
     Raises:
+        TypeError: a keyword that is neither an argument nor an option (a near miss is
+            named).
         ValueError: unknown mode or scorer; a ``*_mean`` mode without ``means``; ``ci``
             not None nor a level in (0, 1)
             (:func:`locos_tl.experiments.stats.check_confidence`).
@@ -206,30 +200,28 @@ def ablation_sweep(
         LocosError: ``out_dir`` holds a run made with other settings or over another
             trial set (with ``extend``: over a trial that is not in ``trials``).
     """
-    mode = check_mode(mode)
-    if ci is not None:
-        ci = check_confidence(ci, "ci")
+    options = AblationOptions.from_kwargs(options, where="ablation_sweep", **kwargs)
+    decode, mode = options.decode, options.mode
     dist = executor_options(workers)
     if mode.endswith("_mean") and means is None:
         raise ValueError(f"mode {mode!r} needs calibration means (locos_tl.calibrate_means)")
-    score_fn = get_scorer(scorer)
-    stop_rule = check_stop_rule(stop_rule)
+    score_fn = get_scorer(options.scorer)
     trials = as_trial_list(trials, "ablation_sweep")
+    name_margin = options.name_margin
     if name_margin is None:
         name_margin = bool(trials) and all(t.meta.get("distractor_names") for t in trials)
-    check_trials(model, trials, where="ablation_sweep", max_new_tokens=max_new_tokens,
+    check_trials(model, trials, where="ablation_sweep", max_new_tokens=decode.max_new_tokens,
                  checks=(fits_decode, *((margin_scorable,) if name_margin else ())))
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    k, seeds, jobs, skipped = plan_grid(model, head_sets, k, seeds, random=random,
-                                        bottom=bottom)
+    k, seeds, jobs, skipped = plan_grid(model, head_sets, options.k, options.seeds,
+                                        random=options.random, bottom=options.bottom)
+    reuse_prefix = options.reuse_prefix
     if dist is None:  # an outer ablate() or steering hook: recompute (warned once)
         reuse_prefix = reuse_allowed(model, reuse_prefix, "ablation_sweep")
-    settings = {
-        **model_settings(model), "dtype": model_dtype(model), "mode": mode,
-        "means_hash": means_hash(means),
-        "max_new_tokens": max_new_tokens, "stop_at_newline": stop_rule != "none",
-        "stop_rule": stop_rule, "thinking": thinking, "reuse_prefix": bool(reuse_prefix),
-        "scorer": scorer_name(scorer), "ks": sorted({int(x) for x in k}),
+    settings = {  # the options (AblationOptions.settings), as planned for this model
+        **model_settings(model), "dtype": model_dtype(model), **options.settings(),
+        "means_hash": means_hash(means), "reuse_prefix": bool(reuse_prefix),
+        "name_margin": bool(name_margin), "ks": sorted({int(x) for x in k}),
         "seeds": [int(s) for s in seeds], "methods": sorted({j.method for j in jobs}),
         "skipped_k": skipped,
         "n_trials": len(trials), "trial_set_hash": trial_set_hash(trials),
@@ -288,8 +280,7 @@ def ablation_sweep(
                     if t.trial_id in wanted}
         generate_ablated_distributed(
             model, [(sets[key], t) for key, t in todo], mode=mode, means=means,
-            max_new_tokens=max_new_tokens,
-            chunk_size=chunk_size, stop_rule=stop_rule, thinking=thinking,
+            decode=decode,
             progress=progress, on_result=arrived,
             continuations=[names_of.get(t.trial_id) for _, t in todo],
             **dist,
@@ -314,21 +305,19 @@ def ablation_sweep(
         if not keys and not fill:
             continue
         prefix = (prompt_prefix(model, t.tokens, [sets[key] for key in keys + fill],
-                                max_bytes=prefix_bytes,
-                                decode_steps=max_new_tokens if keys else 0,
-                                stop=stop_predicate(model, t.tokens, stop_rule=stop_rule,
-                                                    thinking=thinking))
+                                max_bytes=options.prefix_bytes,
+                                decode_steps=decode.max_new_tokens if keys else 0,
+                                stop=stop_predicate(model, t.tokens,
+                                                    stop_rule=decode.stop_rule,
+                                                    thinking=decode.thinking))
                   if reuse_prefix else None)
         # the margin's names are scored from the decoding's prefill (one prompt forward
         # per generation)
         names = candidate_token_ids(model.tokenizer, t) if name_margin else None
         for key in keys:
             with ablate(model, list(sets[key]), mode, means=means):
-                res = greedy_decode(model, t.tokens, max_new_tokens=max_new_tokens,
-                                    prefill_mode="auto",
-                                    chunk_size=chunk_size, stop_rule=stop_rule,
-                                    thinking=thinking, score_continuations=names,
-                                    prefix=prefix)
+                res = greedy_decode(model, t.tokens, options=decode,
+                                    score_continuations=names, prefix=prefix)
             margin = (margin_of_logprobs(t, res.continuation_logprobs)["name_margin"]
                       if name_margin else None)
             keep(key, t, res.text, res.generated, res.stopped_by, margin)
@@ -336,7 +325,7 @@ def ablation_sweep(
         for key in fill:
             with ablate(model, list(sets[key]), mode, means=means):
                 logp = continuation_logprobs(model, t.tokens, names, prefix=prefix,
-                                             chunk_size=chunk_size)
+                                             chunk_size=decode.chunk_size)
             _fill_margin(store, margins, key, t, margin_of_logprobs(t, logp)["name_margin"])
             bar.update(1)
     bar.close()
@@ -351,10 +340,11 @@ def ablation_sweep(
     # this call's cells, from the same table code as the directory's (bit-equal values)
     df = directory_table(None, trials, score_fn, [job_cell(j) for j in jobs],
                          known=metric_cache)
-    if ci is not None:
+    if options.ci is not None:
         df = _with_intervals(df, directory_table(None, trials, score_fn,
                                                  [job_cell(j) for j in jobs],
-                                                 per_trial=True, known=metric_cache), ci)
+                                                 per_trial=True, known=metric_cache),
+                             options.ci)
     if out_dir is not None:  # the directory's table: this call's cells and earlier ones
         cells = read_jobs(out_dir)
         table = directory_table(out_dir, trials, score_fn, cells, known=metric_cache)

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from locos_tl.engine.options import DecodeOptions
 from locos_tl.runs.distributed.hosts import ModelHost, model_pool_for
 from locos_tl.runs.distributed.pool import RayPool, ResultEvent
 from locos_tl.runs.distributed.ray_glue import require_ray
@@ -29,10 +30,7 @@ class AblatedGenerationTask:
     mode: str
     means: Any
     trial: Any
-    max_new_tokens: int
-    chunk_size: int = 1024
-    stop_rule: str = "newline_token"
-    thinking: bool = True
+    decode: DecodeOptions
     continuations: tuple[tuple[int, ...], ...] | None = None
 
     def __call__(self, host: ModelHost) -> dict[str, Any]:
@@ -40,11 +38,7 @@ class AblatedGenerationTask:
         from locos_tl.engine.decode import greedy_decode
 
         with ablate(host.model, list(self.heads), self.mode, means=self.means):  # type: ignore[arg-type]
-            res = greedy_decode(host.model, self.trial.tokens,
-                                max_new_tokens=self.max_new_tokens, prefill_mode="auto",
-                                chunk_size=self.chunk_size,
-                                stop_rule=self.stop_rule,  # type: ignore[arg-type]
-                                thinking=self.thinking,
+            res = greedy_decode(host.model, self.trial.tokens, self.decode,
                                 score_continuations=self.continuations)
         out = {"response": res.text, "generated": res.generated, "stopped_by": res.stopped_by}
         if self.continuations is not None:
@@ -58,10 +52,7 @@ def generate_ablated_distributed(
     *,
     mode: str,
     means: Any = None,
-    max_new_tokens: int = 100,
-    chunk_size: int = 1024,
-    stop_rule: str = "newline_token",
-    thinking: bool = True,
+    decode: DecodeOptions | None = None,
     workers: int = 2,
     ray_address: str | None = None,
     load_kwargs: dict[str, Any] | None = None,
@@ -80,9 +71,10 @@ def generate_ablated_distributed(
         items: ``(heads, trial)`` pairs: the ``(layer, head)`` list to ablate (empty: no
             ablation) and the :class:`~locos_tl.trials.Trial` to generate for.
         mode, means: see :func:`locos_tl.engine.ablation.ablate`.
-        max_new_tokens, chunk_size, stop_rule, thinking: see
-            :func:`locos_tl.engine.decode.greedy_decode` (``stop_rule="none"``: no
-            newline stops).
+        decode: how each generation is decoded
+            (:class:`~locos_tl.engine.options.DecodeOptions`; None: its defaults).
+            :func:`~locos_tl.experiments.evaluate.ablation_sweep` passes its own
+            (:data:`locos_tl.experiments.options.ABLATION_DECODE` unless told).
         workers, ray_address, load_kwargs, pool, **pool_kwargs: as in
             :func:`score_trials_distributed`.
         on_result: driver-side callback as each generation arrives (write the
@@ -107,8 +99,9 @@ def generate_ablated_distributed(
         raise ValueError(f"continuations has {len(conts)} entries for {len(items)} items: "
                          "give one per item (None for an item without)")
     require_ray()
+    decode = DecodeOptions() if decode is None else decode
     tasks = [AblatedGenerationTask(tuple((int(a), int(b)) for a, b in heads), mode, means,
-                                   trial, max_new_tokens, chunk_size, stop_rule, thinking,
+                                   trial, decode,
                                    None if names is None
                                    else tuple(tuple(int(i) for i in n) for n in names))
              for (heads, trial), names in zip(items, conts, strict=True)]
