@@ -30,18 +30,19 @@ def main() -> None:
     import pandas as pd
 
     import locos_tl as lt
-    from locos_tl.experiments.protocol.main import main as reproduce
+    from locos_tl.experiments.protocol.config import ProtocolConfig
+    from locos_tl.experiments.protocol.main import run_protocol
 
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="smollm2-135m-instruct")
     ap.add_argument("--out", default="runs/bf16")
-    ap.add_argument("--n-detect", default="60")
+    ap.add_argument("--n-detect", type=int, default=60)
     args = ap.parse_args()
     seconds = {}
     for dtype in ("float32", "bfloat16"):
         t0 = time.perf_counter()
-        reproduce(["--model", args.model, "--stages", "trials,detect", "--dtype", dtype,
-                   "--n-detect", args.n_detect, "--out", f"{args.out}/{dtype}"])
+        run_protocol(ProtocolConfig(model=args.model, stages="trials,detect", dtype=dtype,
+                                    n_detect=args.n_detect, out=f"{args.out}/{dtype}"))
         seconds[dtype] = time.perf_counter() - t0
     a, b = Path(args.out) / "float32", Path(args.out) / "bfloat16"
     rows = []

@@ -4,7 +4,9 @@ reproduce`` (the code is :mod:`locos_tl.experiments.protocol`)::
     python experiments/real_models.py --model smollm2-135m-instruct --out runs/real/smollm2
 """
 
-from locos_tl.experiments.protocol.main import main
+import sys
+
+from locos_tl.cli import app
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    app(["reproduce", *sys.argv[1:]], prog_name="locos")

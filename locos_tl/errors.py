@@ -86,6 +86,12 @@ class HeadSpecError(LocosError, ValueError):
     the model; see :mod:`locos_tl.head_spec` for the accepted forms."""
 
 
+class ConfigError(LocosError, ValueError):
+    """A run's configuration is refused: an unknown stage, preset or method, a count
+    below its minimum, options that contradict each other (the message names the
+    option as the command line spells it)."""
+
+
 # -- warnings at the caller's line ----------------------------------------------------
 
 _PACKAGE = os.path.dirname(os.path.abspath(__file__)) + os.sep

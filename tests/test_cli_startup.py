@@ -31,7 +31,8 @@ def test_import_locos_tl_imports_no_heavy_module():
 
 HELP_ARGS = [[], ["build-trials"], ["build-trials", "nolima"], ["build-trials", "niah"],
              ["score"], ["ablate"], ["ablate-tf"], ["patch"], ["compress"], ["calibrate"], ["demo"],
-             ["train-organism"], ["models"], ["models", "list"], ["models", "fetch"]]
+             ["reproduce"], ["train-organism"], ["models"], ["models", "list"],
+             ["models", "fetch"]]
 
 
 def test_every_help_imports_no_heavy_module():

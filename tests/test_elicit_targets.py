@@ -65,8 +65,8 @@ def test_cells_hold_distractors_and_evaluation_names(qwen3):
 
 
 def test_reproduce_records_distractors_only_when_used():
-    from locos_tl.experiments.protocol.main import parse_args
+    from locos_tl.cli.reproduce import parse_config
     from locos_tl.experiments.protocol.stages import _trial_sizes
 
-    assert "distractors" not in _trial_sizes(parse_args([]))
-    assert _trial_sizes(parse_args(["--distractors", "1"]))["distractors"] == 1
+    assert "distractors" not in _trial_sizes(parse_config([]))
+    assert _trial_sizes(parse_config(["--distractors", "1"]))["distractors"] == 1

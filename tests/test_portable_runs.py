@@ -237,15 +237,14 @@ def test_a_run_resumed_from_published_records_keeps_every_ranking(run, tmp_path)
 def _published_eval_trials(run: Path) -> list:
     """The 200 ``onehop`` evaluation trials of a published run, rebuilt from its
     ``args.json`` alone (the records name them by content hash)."""
-    import argparse
-
     from test_real_models import require_fetched
 
     from locos_tl.data.hub import load_tokenizer
+    from locos_tl.experiments.protocol.config import ProtocolConfig
     from locos_tl.experiments.protocol.stages import eval_trials
     from locos_tl.models.zoo import ELICITED_MODELS
 
-    args = argparse.Namespace(**json.loads((run / "args.json").read_text()))
+    args = ProtocolConfig.from_settings(json.loads((run / "args.json").read_text()))
     elicited = ELICITED_MODELS.get(args.model)
     require_fetched(elicited.base if elicited else args.model)  # the base's tokenizer
     trials = eval_trials(load_tokenizer(args.model), args, "onehop", 1000)
@@ -372,8 +371,6 @@ def test_atp_gives_the_published_scores_on_the_published_trials(run, n):
     at the scale of the trial's largest score (:func:`~tolerances.sum_tol`). The
     published 5th and 6th scores are more than twice that apart, so the top-5 set
     (not its order: the 4th and 5th can be closer) is decided within the tolerance."""
-    import argparse
-
     import torch
     from test_real_models import require_fetched
     from tolerances import assert_close_within, longest_reduction, sum_tol
@@ -381,6 +378,7 @@ def test_atp_gives_the_published_scores_on_the_published_trials(run, n):
     import locos_tl as lt
     from locos_tl.data.hub import load_tokenizer
     from locos_tl.experiments.atp import atp_trial
+    from locos_tl.experiments.protocol.config import ProtocolConfig
     from locos_tl.experiments.protocol.stages import detect_trials
     from locos_tl.heads import HeadScores
     from locos_tl.models.identity import same_model
@@ -388,7 +386,7 @@ def test_atp_gives_the_published_scores_on_the_published_trials(run, n):
     from locos_tl.models.zoo import ELICITED_MODELS
 
     src = PUBLISHED / run
-    args = argparse.Namespace(**json.loads((src / "args.json").read_text()))
+    args = ProtocolConfig.from_settings(json.loads((src / "args.json").read_text()))
     elicited = ELICITED_MODELS.get(args.model)
     require_fetched(elicited.base if elicited else args.model)  # an elicited model merges
     pub = HeadScores.load(src / "heads" / "atp")

@@ -15,6 +15,8 @@ import pandas as pd
 import pytest
 import torch
 
+from locos_tl.errors import ConfigError
+
 #: in dependency order: a name is found in the module that defines it
 PARTS = ("common", "tables", "stages", "causal", "report", "main")
 
@@ -36,6 +38,13 @@ class _Protocol:
     def __getattr__(self, name: str):
         return getattr(self._home(name), name)
 
+    @staticmethod
+    def parse_args(argv: list[str]):
+        """The configuration ``locos reproduce <argv>`` runs, parsed by the command."""
+        from locos_tl.cli.reproduce import parse_config
+
+        return parse_config(argv)
+
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +57,9 @@ def test_experiment_script_is_a_wrapper_of_the_library_command():
 
     source = (Path(__file__).resolve().parents[1] / "experiments" / "real_models.py")
     ns = runpy.run_path(str(source), run_name="not_main")
-    from locos_tl.experiments.protocol.main import main
+    from locos_tl.cli import app
 
-    assert ns["main"] is main and len(source.read_text().splitlines()) < 15
+    assert ns["app"] is app and len(source.read_text().splitlines()) < 15
 
 
 def test_trials_rebuilt_only_when_an_option_they_depend_on_changes(script, tmp_path) -> None:
@@ -124,7 +133,7 @@ def test_methods_baseline_generates_the_unablated_answers_only(script, tmp_path,
     assert script.job_keys(args, {"locos": ranking}, 30, 9) == {("baseline", 0, 0): "none"}
     full = script.parse_args(argv[:-2] + ["--methods", "locos"])
     assert len(script.job_keys(full, {"locos": ranking}, 30, 9)) == 1 + 5 * (1 + 3 + 1)
-    with pytest.raises(SystemExit, match="unknown --methods entry 'wu_nolima'") as exc:
+    with pytest.raises(ConfigError, match="unknown --methods entry 'wu_nolima'") as exc:
         script.rankings_for_ablation({"locos": ranking}, "locos,wu_nolima")  # the old name
     assert f"choose from {', '.join(script.RANKINGS)}, or 'baseline'" in str(exc.value)
     # a ranking that accepted no detection trial (a model that rarely answers) is left
@@ -379,9 +388,10 @@ def test_a_published_run_goes_on_elsewhere_without_regenerating(script, tmp_path
                     means=dc.replace(means, q=q), **kw)
     with pytest.raises(FileNotFoundError, match="holds no file"):
         script.resume_from(tmp_path / "m", tmp_path / "third")
-    with pytest.raises(SystemExit, match="add the trials stage"):  # before any model load
-        script.main(["--out", str(tmp_path / "fourth"), "--resume-from",
-                     str(tmp_path / "pub"), "--stages", "ablate"])
+    with pytest.raises(ConfigError, match="add the trials stage"):  # before any model load
+        script.run_protocol(script.parse_args(["--out", str(tmp_path / "fourth"),
+                                               "--resume-from", str(tmp_path / "pub"),
+                                               "--stages", "ablate"]))
 
 
 def test_published_cri_is_reused_not_patched_again(script, tmp_path, monkeypatch) -> None:
@@ -544,7 +554,7 @@ def test_the_protocol_reads_its_rankings_from_the_registry(script) -> None:
         names = preset["methods"].split(",")
         assert list(script.rankings_for_ablation(scores, preset["methods"])) == names
         assert "wu" in names and "wu_niah" in names
-    with pytest.raises(SystemExit, match="unknown --methods entry 'cri'"):
+    with pytest.raises(ConfigError, match="unknown --methods entry 'cri'"):
         script.rankings_for_ablation(scores, "locos,cri")
 
 
@@ -575,3 +585,41 @@ def test_forward_methods_are_scored_and_ablated_only_when_asked(script, tmp_path
     script.detect(None, script.parse_args(base), tmp_path)
     assert all("atp" not in m and "qrhead" not in m for m, _ in calls)
     assert script.forward_methods(script.parse_args(base).methods) == []
+
+
+def test_reproduce_is_a_typer_command_with_help_on_every_option(script, tmp_path) -> None:
+    """``locos reproduce`` has one option per :class:`ProtocolConfig` field, each with
+    help; it builds the configuration Python builds, refuses a bad one with exit code 2
+    before writing anything, and a published ``args.json`` reads back into the same
+    options."""
+    import typer.main
+    from typer.testing import CliRunner
+
+    from locos_tl.cli import app
+    from locos_tl.experiments.protocol.config import ProtocolConfig
+
+    command = typer.main.get_command(app).get_command(None, "reproduce")
+    options = {p.name: p for p in command.params if p.param_type_name == "option"}
+    fields = {f.name for f in dataclasses.fields(ProtocolConfig)} - {"model_hashes"}
+    assert set(options) - {"help"} == fields
+    assert all(p.help for p in options.values())
+    res = CliRunner().invoke(app, ["reproduce", "--help"])
+    assert res.exit_code == 0 and "--niah-max-new-tokens" in res.output
+    assert script.parse_args(["--preset", "full", "--n-eval", "20", "--model", "a/b"]) == \
+        ProtocolConfig(preset="full", n_eval=20, model="a/b")
+    got = script.parse_args(["--preset", "full", "--n-eval", "20", "--model", "a/b"])
+    assert (got.out, got.n_detect, got.ks) == ("runs/real/a_b", 80, "1,5,10,20,50")
+    for argv, message in ((["--stages", "trials,detekt"], "unknown --stages entry ['detekt']"),
+                          (["--methods", "locos,cri"], "unknown --methods entry 'cri'"),
+                          (["--preset", "gpu"], "unknown --preset 'gpu'"),
+                          (["--workers", "0"], "--workers must be >= 1")):
+        res = CliRunner().invoke(app, ["reproduce", "--out", str(tmp_path / "r"), *argv])
+        assert res.exit_code == 2 and message in res.output, (argv, res.output)
+        assert not (tmp_path / "r").exists()
+    published = Path(__file__).resolve().parents[1] / "docs" / "real_models"
+    for path in sorted(published.rglob("args.json")):
+        recorded = json.loads(path.read_text())
+        back = ProtocolConfig.from_settings(recorded).settings()
+        differ = {k for k in recorded if back.get(k) != recorded[k]}
+        assert differ <= {"methods"}, (path, differ)  # wu_nolima reads as wu
+        assert back["methods"] == recorded["methods"].replace("wu_nolima", "wu")

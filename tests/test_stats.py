@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-from argparse import Namespace
 from pathlib import Path
 
 import numpy as np
@@ -218,11 +217,12 @@ def published_onehop():
     from locos_tl.data.packaged import resolve_data_dir
     from locos_tl.data.prompt import PromptBuilder
     from locos_tl.experiments.protocol.common import EVAL_DEPTHS, EVAL_SEED, _names
+    from locos_tl.experiments.protocol.config import ProtocolConfig
     from locos_tl.experiments.protocol.stages import needle_sets
     from locos_tl.experiments.run_table import load_ablation_sweep
     from locos_tl.models.zoo import ELICITED_MODELS
 
-    args = Namespace(**json.loads((PUBLISHED / "args.json").read_text()))
+    args = ProtocolConfig.from_settings(json.loads((PUBLISHED / "args.json").read_text()))
     elicited = ELICITED_MODELS.get(args.model)
     require_fetched(elicited.base if elicited else args.model)  # the base's tokenizer
     tok = load_tokenizer(args.model)

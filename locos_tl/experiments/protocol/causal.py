@@ -3,7 +3,6 @@ KV-cache compression sweep (:mod:`locos_tl.experiments.protocol`)."""
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import json
 from pathlib import Path
@@ -13,22 +12,23 @@ import pandas as pd
 
 from locos_tl.experiments.protocol import common as util
 from locos_tl.experiments.protocol.common import DETECTORS, OWN_PASS, _floats, _ints
+from locos_tl.experiments.protocol.config import ProtocolConfig
 
 
-def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> Any:
+def patch(model: Any, config: ProtocolConfig, out: Path, scores: dict[str, Any]) -> Any:
     from locos_tl.experiments.compare import compare_rankings
     from locos_tl.experiments.patching import patch_heads
 
     trials = util._load(out / "trials" / "detect_onehop.jsonl")
     accepted = _accepted(out / "detect", "locos")
-    subset = [t for t in trials if t.trial_id in accepted][: args.n_cri]
+    subset = [t for t in trials if t.trial_id in accepted][: config.n_cri]
     if not subset:
         print("patch: no accepted detection trial; CRI skipped")  # noqa: T201
         return None
-    cri = saved_cri(model, args, out, subset)
+    cri = saved_cri(model, config, out, subset)
     if cri is None:
         cri = patch_heads(model, subset, out_dir=out / "patch",
-                          max_new_tokens=args.max_new_tokens, extend=True)  # --n-cri grows
+                          max_new_tokens=config.max_new_tokens, extend=True)  # --n-cri grows
         cri.save(out / "heads" / "cri")
     n = int(model.cfg.n_layers) * int(model.cfg.n_heads)
     ks = tuple(k for k in (5, 10, 20, 50) if k <= n)
@@ -39,7 +39,7 @@ def patch(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any
     return cri
 
 
-def saved_cri(model: Any, args: argparse.Namespace, out: Path, subset: list[Any]) -> Any:
+def saved_cri(model: Any, config: ProtocolConfig, out: Path, subset: list[Any]) -> Any:
     """CRI saved in ``heads/cri`` over exactly ``subset`` (same trials in the same order:
     ``trial_set_hash``; same model, dtype and greedy budget) when ``patch/trials.jsonl``
     lacks some of their records, else None. A run resumed from a directory published
@@ -60,7 +60,7 @@ def saved_cri(model: Any, args: argparse.Namespace, out: Path, subset: list[Any]
         return None  # patch_heads reuses its own records
     cri = HeadScores.load(path)
     got = cri.meta.get("settings", {})
-    want = {"dtype": model_dtype(model), "max_new_tokens": args.max_new_tokens,
+    want = {"dtype": model_dtype(model), "max_new_tokens": config.max_new_tokens,
             "trial_set_hash": trial_set_hash(subset)}
     if {k: got.get(k) for k in want} != want:  # the hash covers every trial, in order
         return None
@@ -81,18 +81,18 @@ def _accepted(run: Path, method: str) -> set[str]:
     return ids
 
 
-def compress_trials(args: argparse.Namespace, out: Path) -> list[Any]:
+def compress_trials(config: ProtocolConfig, out: Path) -> list[Any]:
     """The first ``--n-compress / 2`` evaluation trials of each question type, tagged
     with their ``task``."""
     trials = []
-    length = _ints(args.eval_lengths)[0]
+    length = _ints(config.eval_lengths)[0]
     for qtype in ("onehop", "direct"):
-        ev = util._load(out / "trials" / f"eval_{qtype}_{length}.jsonl")[: args.n_compress // 2]
+        ev = util._load(out / "trials" / f"eval_{qtype}_{length}.jsonl")[: config.n_compress // 2]
         trials += [dataclasses.replace(t, meta={**t.meta, "task": qtype}) for t in ev]
     return trials
 
 
-def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> None:
+def compress(model: Any, config: ProtocolConfig, out: Path, scores: dict[str, Any]) -> None:
     """The compression sweep, resumable one (trial, fraction) at a time: a rerun decodes
     only the pairs ``compression.csv`` lacks, so a larger ``--n-compress`` or a new
     fraction adds just those. Rows of trials or fractions no longer selected move to
@@ -105,12 +105,12 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
 
     path = out / "compress" / "compression.csv"
     settings_path = path.with_name("settings.json")
-    trials = compress_trials(args, out)
-    fractions = _floats(args.fractions)
+    trials = compress_trials(config, out)
+    fractions = _floats(config.fractions)
     rankings = {m: scores[m] for m in ("locos", "wu", "headkv") if scores[m].n_trials > 0}
     settings = {"rankings": {m: ranking_hash(hs) for m, hs in rankings.items()},
                 "include": ["uniform", "random"], "seed": 0, "unit": "query_head",
-                "max_new_tokens": args.max_new_tokens}
+                "max_new_tokens": config.max_new_tokens}
     path.parent.mkdir(parents=True, exist_ok=True)
     old = pd.read_csv(path, dtype={"trial": str}) if path.exists() else None
     if old is not None and settings_path.exists() and \
@@ -137,7 +137,7 @@ def compress(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, 
     for i, t, fracs in tqdm(todo, desc="compression sweep", unit="trial"):
         rows = compression_sweep(model, [t], rankings, fracs, unit="query_head",
                                  include=("uniform", "random"), seed=0,
-                                 max_new_tokens=args.max_new_tokens, progress=False)
+                                 max_new_tokens=config.max_new_tokens, progress=False)
         rows["trial_index"] = i  # the index in this run's compression trials
         rows.to_csv(path, mode="a", header=not path.exists(), index=False)
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from locos_tl.errors import ConfigError
 from locos_tl.experiments.methods import METHODS
 
 STAGES = ("trials", "detect", "calibrate", "ablate", "patch", "compress", "report")
@@ -98,14 +99,18 @@ def _baseline_only(methods: str) -> bool:
 
 def rankings_for_ablation(scores: dict[str, Any], methods: str) -> dict[str, Any]:
     """The head sets the ablation sweeps: the rankings ``--methods`` names (each one of
-    :data:`RANKINGS`, by its registry name; ``baseline`` alone: none)."""
+    :data:`RANKINGS`, by its registry name; ``baseline`` alone: none).
+
+    Raises:
+        ConfigError: a name that is not one of :data:`RANKINGS`.
+    """
     if _baseline_only(methods):
         return {}
     out = {}
     for name in _methods(methods):
         if name not in RANKINGS:
-            raise SystemExit(f"unknown --methods entry {name!r}; choose from "
-                             f"{', '.join(RANKINGS)}, or 'baseline' alone")
+            raise ConfigError(f"unknown --methods entry {name!r}; choose from "
+                              f"{', '.join(RANKINGS)}, or 'baseline' alone")
         hs = scores.get(name)
         if hs is not None and hs.n_trials > 0:
             out[name] = hs
@@ -114,8 +119,8 @@ def rankings_for_ablation(scores: dict[str, Any], methods: str) -> dict[str, Any
     return out
 
 
-def _questions(args: Any) -> list[str]:
-    return [q.strip() for q in args.questions.split(",") if q.strip()]
+def _questions(config: Any) -> list[str]:  # a ProtocolConfig (config.py imports this module)
+    return [q.strip() for q in config.questions.split(",") if q.strip()]
 
 
 def _floats(text: str) -> list[float]:

@@ -3,7 +3,6 @@ run to or from a published directory (:mod:`locos_tl.experiments.protocol`)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -12,6 +11,7 @@ import pandas as pd
 
 from locos_tl.experiments.protocol import common as util
 from locos_tl.experiments.protocol.common import DS_METRICS, _ints, _questions
+from locos_tl.experiments.protocol.config import ProtocolConfig
 from locos_tl.experiments.protocol.paired import paired_table
 from locos_tl.experiments.protocol.stages import job_keys
 from locos_tl.experiments.protocol.tables import (
@@ -23,20 +23,20 @@ from locos_tl.experiments.protocol.tables import (
 )
 
 
-def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any]) -> None:
+def report(model: Any, config: ProtocolConfig, out: Path, scores: dict[str, Any]) -> None:
     from locos_tl import plot
     from locos_tl.experiments.evaluate import dissociation_score
     from locos_tl.heads import head_label
 
     figs = out / "figures"
     figs.mkdir(parents=True, exist_ok=True)
-    ks = _ints(args.ks)
+    ks = _ints(config.ks)
     k_head = max(ks)
     L, H = int(model.cfg.n_layers), int(model.cfg.n_heads)
-    keys = job_keys(args, scores, L, H)
+    keys = job_keys(config, scores, L, H)
     tables = {}  # (question, length) -> the sweep's table, from the records
     values = {}  # (question, length) -> its per-trial scores
-    for length in _ints(args.eval_lengths):
+    for length in _ints(config.eval_lengths):
         for qtype in ("onehop", "direct"):
             run = out / "ablate" / f"{qtype}_{length}"
             if not (run / "trials.jsonl").exists():
@@ -55,9 +55,9 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
 
     identity = model_settings(model)  # name and content hashes, never a cache path
     if identity["model"] == "unknown":  # a bridge that records no checkpoint
-        identity = {"model": args.model}
+        identity = {"model": config.model}
     summary: dict[str, Any] = {**identity, "n_layers": L, "n_heads": H,
-                               "preset": args.preset, "settings": vars(args)}
+                               "preset": config.preset, "settings": config.settings()}
     for name, hs in scores.items():
         summary.setdefault("n_accepted", {})[name] = int(hs.n_trials)
         if hs.n_trials:
@@ -78,15 +78,15 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
         if (c / "trials.jsonl").exists():
             controls[control] = evaluation_table(
                 c, util._load(out / "trials" / f"control_{control}.jsonl"), "control",
-                job_keys(args, scores, L, H, control=True))
-    length = _ints(args.eval_lengths)[0]  # DS(k) at the first length
+                job_keys(config, scores, L, H, control=True))
+    length = _ints(config.eval_lengths)[0]  # DS(k) at the first length
     ds_rows = []
     for (qtype, at), ev in tables.items():
         if set(ev["method"]) <= {"baseline"}:  # nothing run yet, or --methods baseline
             continue
         # k on a log axis: 1, 5, 10, 20, 50 spread out; the baseline is a dashed line
         fig = plot.ablation_curves(ev, metrics=["rougeL", "contains"], log_x=True,
-                                   title=f"{args.model}: {qtype} at {at} tokens")
+                                   title=f"{config.model}: {qtype} at {at} tokens")
         _write(fig, figs / f"ablation_{qtype}_{at}")
         if at != length:
             continue
@@ -102,16 +102,16 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
     if ds_rows:
         ds = pd.concat(ds_rows, ignore_index=True)
         ds.to_csv(out / "dissociation.csv", index=False)
-        for qtype in _questions(args):
+        for qtype in _questions(config):
             sub = ds[(ds["question"] == qtype) & (ds["control"] == "parametric")
                      & (ds["retrieval_metric"] == "contains")]
             if not sub.empty and sub["ds"].notna().any():
-                _write(plot.dissociation(sub, title=f"{args.model}: DS(k), {qtype} vs "
+                _write(plot.dissociation(sub, title=f"{config.model}: DS(k), {qtype} vs "
                                          "parametric (contains)"),
                        figs / f"dissociation_{qtype}")
     for name in ("locos", "wu", "wu_niah"):
         if name in scores and scores[name].n_trials:
-            _write(plot.head_heatmap(scores[name], title=f"{args.model}: {name}"),
+            _write(plot.head_heatmap(scores[name], title=f"{config.model}: {name}"),
                    figs / f"heatmap_{name}")
     valid = [scores[m] for m in ("locos", "wu_niah", "wu") if m in scores
              and scores[m].n_trials]
@@ -129,8 +129,8 @@ def report(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, An
         compression_accuracy(df).to_csv(out / "compress" / "accuracy.csv", index=False)
     (out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
     print(head.to_string(index=False))  # noqa: T201
-    if args.publish:
-        publish(out, Path(args.publish))
+    if config.publish:
+        publish(out, Path(config.publish))
 
 
 #: the small result files copied into the docs (``--publish``); the run keeps the rest

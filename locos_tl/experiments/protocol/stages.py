@@ -3,7 +3,6 @@ grid (:mod:`locos_tl.experiments.protocol`)."""
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
@@ -23,12 +22,13 @@ from locos_tl.experiments.protocol.common import (
     _questions,
     rankings_for_ablation,
 )
+from locos_tl.experiments.protocol.config import ProtocolConfig
 
 #: the evaluation haystack (shipped books): every evaluation trial is read on *Mohicans*
 EVAL_BOOKS = ("mohicans_part1.txt", "mohicans_part2.txt")
 
 
-def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
+def build_trials(model: Any, config: ProtocolConfig, out: Path) -> None:
     from locos_tl.data import (
         build_arithmetic_trials,
         build_niah_trials,
@@ -41,42 +41,42 @@ def build_trials(model: Any, args: argparse.Namespace, out: Path) -> None:
     from locos_tl.data.packaged import resolve_data_dir
     from locos_tl.data.prompt import PromptBuilder
 
-    tok = load_tokenizer(args.model)  # the checkpoint's own tokenizer, as the CLI builds
-    books, niah_file = resolve_data_dir(args.data_dir)  # None: the packaged copies
-    detect_hay = load_haystacks([_detect_haystack(args, books)])
+    tok = load_tokenizer(config.model)  # the checkpoint's own tokenizer, as the CLI builds
+    books, niah_file = resolve_data_dir(config.data_dir)  # None: the packaged copies
+    detect_hay = load_haystacks([_detect_haystack(config, books)])
     eval_hay = load_haystacks([books / name for name in EVAL_BOOKS])
-    chat = prompt_form(args.template)["chat_template"]  # chat models; base: completion
+    chat = prompt_form(config.template)["chat_template"]  # chat models; base: completion
     builder = PromptBuilder(tok)
     for qtype in ("onehop", "direct"):
-        det = detect_trials(tok, args, qtype, hay=detect_hay, builder=builder)
+        det = detect_trials(tok, config, qtype, hay=detect_hay, builder=builder)
         util._save(det, out / "trials" / f"detect_{qtype}.jsonl")
-        for length in _ints(args.eval_lengths):
-            ev = eval_trials(tok, args, qtype, length, hay=eval_hay, builder=builder)
+        for length in _ints(config.eval_lengths):
+            ev = eval_trials(tok, config, qtype, length, hay=eval_hay, builder=builder)
             util._save(ev, out / "trials" / f"eval_{qtype}_{length}.jsonl")
     probes = load_niah_probes(niah_file)
-    niah = build_niah_trials(tok, probes, detect_hay, lengths=[args.detect_length],
-                             depths=DETECT_DEPTHS, num_examples=args.n_niah,
+    niah = build_niah_trials(tok, probes, detect_hay, lengths=[config.detect_length],
+                             depths=DETECT_DEPTHS, num_examples=config.n_niah,
                              chat_template=chat, seed=DETECT_SEED, builder=builder)
     util._save(niah, out / "trials" / "detect_niah.jsonl")
     n_ctx = int(model.cfg.n_ctx)
-    par = build_parametric_trials(tok, n=args.n_control, seed=EVAL_SEED,
+    par = build_parametric_trials(tok, n=config.n_control, seed=EVAL_SEED,
                                   chat_template=chat, n_ctx=n_ctx)
-    ari = build_arithmetic_trials(tok, n=args.n_control, seed=EVAL_SEED,
+    ari = build_arithmetic_trials(tok, n=config.n_control, seed=EVAL_SEED,
                                   chat_template=chat, n_ctx=n_ctx)
     util._save(par, out / "trials" / "control_parametric.jsonl")
     util._save(ari, out / "trials" / "control_arithmetic.jsonl")
     # calibration text: raw book text from the evaluation books (no template, no BOS)
     text = " ".join(h.text for h in eval_hay)
-    step = max(1, len(text) // args.n_calibration)
-    prompts = [text[i * step:i * step + args.calibration_chars]
-               for i in range(args.n_calibration)]
+    step = max(1, len(text) // config.n_calibration)
+    prompts = [text[i * step:i * step + config.calibration_chars]
+               for i in range(config.n_calibration)]
     cal = out / "trials" / "calibration.json"
     if cal.exists() and json.loads(cal.read_text()) != prompts:
         (out / "means.safetensors").unlink(missing_ok=True)  # other prompts: recalibrate
     cal.write_text(json.dumps(prompts))
 
 
-def detect_trials(tok: Any, args: argparse.Namespace, qtype: str, *,
+def detect_trials(tok: Any, config: ProtocolConfig, qtype: str, *,
                   hay: list | None = None, builder: Any = None) -> list:
     """The detection trials of ``qtype``, ``trials/detect_{qtype}.jsonl`` of the
     ``trials`` stage: ``--n-detect`` NoLiMa trials of ``--detect-needle-set`` at
@@ -87,7 +87,8 @@ def detect_trials(tok: Any, args: argparse.Namespace, qtype: str, *,
 
     Args:
         tok: the model's tokenizer (:func:`locos_tl.data.hub.load_tokenizer`).
-        args: the run's options (``locos reproduce``'s namespace or its ``args.json``).
+        config: the run's options (``locos reproduce``'s, or
+            :meth:`ProtocolConfig.from_settings` of its ``args.json``).
         qtype: ``"onehop"`` or ``"direct"``.
         hay: the detection haystack, when already loaded.
         builder: a :class:`~locos_tl.data.prompt.PromptBuilder` of ``tok`` to reuse.
@@ -106,19 +107,19 @@ def detect_trials(tok: Any, args: argparse.Namespace, qtype: str, *,
     from locos_tl.data.prompt import PromptBuilder
 
     if hay is None:
-        books, _ = resolve_data_dir(getattr(args, "data_dir", None))
-        hay = load_haystacks([_detect_haystack(args, books)])
-    form = prompt_form(args.template)
-    items = expand_needle_set(load_needle_set(needle_sets(args)[0]), [qtype])
+        books, _ = resolve_data_dir(config.data_dir)
+        hay = load_haystacks([_detect_haystack(config, books)])
+    form = prompt_form(config.template)
+    items = expand_needle_set(load_needle_set(needle_sets(config)[0]), [qtype])
     return build_nolima_trials(
-        tok, [_names(i, 0) for i in items], hay, lengths=[args.detect_length],
-        depths=DETECT_DEPTHS, num_examples=args.n_detect,
+        tok, [_names(i, 0) for i in items], hay, lengths=[config.detect_length],
+        depths=DETECT_DEPTHS, num_examples=config.n_detect,
         chat_template=form["chat_template"], seed=DETECT_SEED,
         builder=builder or PromptBuilder(tok), template=form["template"],
-        distractors=getattr(args, "distractors", 0))
+        distractors=config.distractors)
 
 
-def eval_trials(tok: Any, args: argparse.Namespace, qtype: str, length: int, *,
+def eval_trials(tok: Any, config: ProtocolConfig, qtype: str, length: int, *,
                 hay: list | None = None, builder: Any = None) -> list:
     """The evaluation trials of one cell, ``trials/eval_{qtype}_{length}.jsonl`` of the
     ``trials`` stage: ``--n-eval`` NoLiMa trials of ``--eval-needle-set`` on *Mohicans*
@@ -128,7 +129,8 @@ def eval_trials(tok: Any, args: argparse.Namespace, qtype: str, length: int, *,
 
     Args:
         tok: the model's tokenizer (:func:`locos_tl.data.hub.load_tokenizer`).
-        args: the run's options (``locos reproduce``'s namespace or its ``args.json``).
+        config: the run's options (``locos reproduce``'s, or
+            :meth:`ProtocolConfig.from_settings` of its ``args.json``).
         qtype: ``"onehop"`` or ``"direct"``.
         length: context length in tokens.
         hay: the evaluation haystacks, when already loaded.
@@ -148,15 +150,15 @@ def eval_trials(tok: Any, args: argparse.Namespace, qtype: str, length: int, *,
     from locos_tl.data.prompt import PromptBuilder
 
     if hay is None:
-        books, _ = resolve_data_dir(getattr(args, "data_dir", None))
+        books, _ = resolve_data_dir(config.data_dir)
         hay = load_haystacks([books / name for name in EVAL_BOOKS])
-    form = prompt_form(args.template)
-    items = expand_needle_set(load_needle_set(needle_sets(args)[1]), [qtype])
+    form = prompt_form(config.template)
+    items = expand_needle_set(load_needle_set(needle_sets(config)[1]), [qtype])
     return build_nolima_trials(
         tok, [_names(i, 1) for i in items], hay, lengths=[length], depths=EVAL_DEPTHS,
-        num_examples=args.n_eval, chat_template=form["chat_template"], seed=EVAL_SEED,
+        num_examples=config.n_eval, chat_template=form["chat_template"], seed=EVAL_SEED,
         builder=builder or PromptBuilder(tok), template=form["template"],
-        distractors=getattr(args, "distractors", 0))
+        distractors=config.distractors)
 
 
 #: the options the trial files depend on (a change rebuilds them). The NoLiMa samples
@@ -170,27 +172,27 @@ TRIAL_OPTIONS = ("model", "needle_set", "template", "data_dir", "detect_length",
                  "n_calibration", "calibration_chars")
 
 
-def needle_sets(args: argparse.Namespace) -> tuple[str, str]:
+def needle_sets(config: ProtocolConfig) -> tuple[str, str]:
     """(detection, evaluation) needle sets: ``--detect-needle-set`` and
     ``--eval-needle-set``, each ``--needle-set`` when not given."""
-    return (getattr(args, "detect_needle_set", None) or args.needle_set,
-            getattr(args, "eval_needle_set", None) or args.needle_set)
+    return (config.detect_needle_set or config.needle_set,
+            config.eval_needle_set or config.needle_set)
 
 
-def _trial_sizes(args: argparse.Namespace) -> dict[str, Any]:
-    sizes = {k: getattr(args, k) for k in TRIAL_OPTIONS}
-    if getattr(args, "distractors", 0):  # recorded only when used: older runs stay valid
-        sizes["distractors"] = args.distractors
+def _trial_sizes(config: ProtocolConfig) -> dict[str, Any]:
+    sizes = {k: getattr(config, k) for k in TRIAL_OPTIONS}
+    if config.distractors:  # recorded only when used: older runs stay valid
+        sizes["distractors"] = config.distractors
     # a detection or evaluation set of its own is recorded only when it differs from
     # --needle-set: runs (and published sizes) from before the options stay valid
-    for key, value in zip(("detect_needle_set", "eval_needle_set"), needle_sets(args),
+    for key, value in zip(("detect_needle_set", "eval_needle_set"), needle_sets(config),
                           strict=True):
-        if value != args.needle_set:
+        if value != config.needle_set:
             sizes[key] = value
     return sizes
 
 
-def _trials_changed(out: Path, args: argparse.Namespace) -> bool:
+def _trials_changed(out: Path, config: ProtocolConfig) -> bool:
     """True when the trial files are missing or were built with other options."""
     done = out / "stages" / "trials.done"
     if not done.exists():
@@ -198,7 +200,7 @@ def _trials_changed(out: Path, args: argparse.Namespace) -> bool:
     old = json.loads(done.read_text()).get("sizes")
     if old is None:  # a run from before sizes were recorded: rebuild (deterministic)
         return True
-    new = _trial_sizes(args)
+    new = _trial_sizes(config)
     if old != new:
         changed = {k: (old.get(k), v) for k, v in new.items() if old.get(k) != v}
         print(f"trials: rebuilt for changed options {changed}")  # noqa: T201
@@ -206,34 +208,34 @@ def _trials_changed(out: Path, args: argparse.Namespace) -> bool:
     return False
 
 
-def _detect_haystack(args: argparse.Namespace, books: Path) -> Path:
+def _detect_haystack(config: ProtocolConfig, books: Path) -> Path:
     """``--detect-haystack``: ``dracula`` (a shipped book), ``prose`` (the self-written
     haystack shipped with locos_tl, no named people) or a file."""
-    if args.detect_haystack == "dracula":
+    if config.detect_haystack == "dracula":
         return books / "dracula_part1.txt"
-    if args.detect_haystack == "prose":
+    if config.detect_haystack == "prose":
         from locos_tl.data.haystack import PROSE_HAYSTACK
 
         return PROSE_HAYSTACK
-    return Path(args.detect_haystack)
+    return Path(config.detect_haystack)
 
 
-def detect(model: Any, args: argparse.Namespace, out: Path) -> dict[str, Any]:
+def detect(model: Any, config: ProtocolConfig, out: Path) -> dict[str, Any]:
     from locos_tl.experiments.score import score_methods
 
     trials = util._load(out / "trials" / "detect_onehop.jsonl")
     res = score_methods(model, trials, methods=list(DETECTORS), out_dir=out / "detect",
-                        max_new_tokens=args.max_new_tokens, batch_size=args.batch_size)
+                        max_new_tokens=config.max_new_tokens, batch_size=config.batch_size)
     niah = util._load(out / "trials" / "detect_niah.jsonl")
     wu_niah = score_methods(model, niah, methods=["wu"], out_dir=out / "detect_niah",
-                            max_new_tokens=args.niah_max_new_tokens,
-                            batch_size=args.batch_size)
+                            max_new_tokens=config.niah_max_new_tokens,
+                            batch_size=config.batch_size)
     res = dict(res)
     res[WU_NIAH] = wu_niah["wu"]
-    extra = forward_methods(args.methods)
+    extra = forward_methods(config.methods)
     if extra:  # AtP, QRHead: their own forwards, records in detect/<method>/
         res.update(score_methods(model, trials, methods=extra, out_dir=out / "detect",
-                                 max_new_tokens=args.max_new_tokens))
+                                 max_new_tokens=config.max_new_tokens))
     return res
 
 
@@ -260,14 +262,14 @@ def load_rankings(out: Path) -> dict[str, Any]:
     return res
 
 
-def calibrate(model: Any, args: argparse.Namespace, out: Path) -> Any:
+def calibrate(model: Any, config: ProtocolConfig, out: Path) -> Any:
     from locos_tl.engine.ablation import AblationMeans, calibrate_means
 
     path = out / "means.safetensors"
     if path.exists():
         return AblationMeans.load(path)
     prompts = json.loads((out / "trials" / "calibration.json").read_text())
-    means = calibrate_means(model, prompts, max_tokens=args.calibration_tokens,
+    means = calibrate_means(model, prompts, max_tokens=config.calibration_tokens,
                             progress=True)
     means.save(path)
     return means
@@ -278,49 +280,49 @@ def calibrate(model: Any, args: argparse.Namespace, out: Path) -> Any:
 RAY_NICE_0 = {"runtime_env": {"env_vars": {"RAY_worker_niceness": "0"}}}
 
 
-def ablate(model: Any, args: argparse.Namespace, out: Path, scores: dict[str, Any],
+def ablate(model: Any, config: ProtocolConfig, out: Path, scores: dict[str, Any],
            means: Any) -> None:
     from locos_tl.experiments.evaluate import ablation_sweep
     from locos_tl.runs.distributed.workers import RayWorkers
 
-    head_sets = rankings_for_ablation(scores, args.methods)
-    ks = _ints(args.ks)
-    common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(args.random_seeds),
-                  bottom="locos", max_new_tokens=args.eval_max_new_tokens,
-                  workers=args.workers, extend=True)  # --n-eval may grow (nested)
-    if args.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
-        common["workers"] = RayWorkers(args.workers, ray_init_kwargs=RAY_NICE_0)
-    if _baseline_only(args.methods) or not head_sets:  # nothing ranked: baseline only
+    head_sets = rankings_for_ablation(scores, config.methods)
+    ks = _ints(config.ks)
+    common = dict(k=ks, mode="query_mean", means=means, seeds=_ints(config.random_seeds),
+                  bottom="locos", max_new_tokens=config.eval_max_new_tokens,
+                  workers=config.workers, extend=True)  # --n-eval may grow (nested)
+    if config.workers > 1:  # Ray starts workers at nice 15: a sweep owns the machine
+        common["workers"] = RayWorkers(config.workers, ray_init_kwargs=RAY_NICE_0)
+    if _baseline_only(config.methods) or not head_sets:  # nothing ranked: baseline only
         common.update(random=False, bottom=None)
     elif "locos" not in head_sets:  # LOCOS accepted no trial: no bottom-k control
         common.update(bottom=None)
-    for length in _ints(args.eval_lengths):
-        for qtype in _questions(args):
+    for length in _ints(config.eval_lengths):
+        for qtype in _questions(config):
             trials = util._load(out / "trials" / f"eval_{qtype}_{length}.jsonl")
             ablation_sweep(model, trials, head_sets, scorer="nolima",
                            out_dir=out / "ablate" / f"{qtype}_{length}", **common)
     # the controls may run a subset of the (k, seed) grid (``--control-ks``,
     # ``--control-seeds``): DS(k) is reported where both sides exist
     control = {**common, "max_new_tokens": 16,
-               "k": _ints(args.control_ks or args.ks),
-               "seeds": _ints(args.control_seeds or args.random_seeds)}
+               "k": _ints(config.control_ks or config.ks),
+               "seeds": _ints(config.control_seeds or config.random_seeds)}
     for name in ("parametric", "arithmetic"):
         trials = util._load(out / "trials" / f"control_{name}.jsonl")
         ablation_sweep(model, trials, head_sets, scorer="control",
                        out_dir=out / "ablate" / f"control_{name}", **control)
 
 
-def job_keys(args: argparse.Namespace, scores: dict[str, Any], L: int, H: int,
+def job_keys(config: ProtocolConfig, scores: dict[str, Any], L: int, H: int,
              control: bool = False) -> dict[tuple[str, int, int], str]:
     """(method, k, seed) -> head-set key, from the same jobs :func:`ablate` ran (with
     ``control``: the control runs' grid, ``--control-ks`` and ``--control-seeds``)."""
     from locos_tl.experiments.ablation_plan import build_jobs
 
-    ks, seeds = args.ks, args.random_seeds
+    ks, seeds = config.ks, config.random_seeds
     if control:
-        ks, seeds = args.control_ks or ks, args.control_seeds or seeds
-    sets = rankings_for_ablation(scores, args.methods)
-    only = _baseline_only(args.methods) or not sets
+        ks, seeds = config.control_ks or ks, config.control_seeds or seeds
+    sets = rankings_for_ablation(scores, config.methods)
+    only = _baseline_only(config.methods) or not sets
     jobs = build_jobs(sets, _ints(ks), n_layers=L, n_heads=H, seeds=_ints(seeds),
                       random=not only, bottom="locos" if "locos" in sets else None)
     return {(j.method, j.k, j.seed): j.key for j in jobs}
