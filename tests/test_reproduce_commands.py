@@ -124,14 +124,9 @@ def _check_locos(args: list[str]) -> None:
 
 def _reproduce_options(argv: list[str]) -> dict:
     """The options ``locos reproduce ARGV`` would run with, by name (as ``args.json``
-    records them), read by the command's own parser without running it: the typer
-    command's ``parse_config`` where it has one, else the protocol's argparse parser."""
-    try:
-        from locos_tl.cli.reproduce import parse_config
-    except ImportError:
-        from locos_tl.experiments.protocol.main import parse_args
+    records them), read by the command's own parser without running it."""
+    from locos_tl.cli.reproduce import parse_config
 
-        return vars(parse_args(argv))
     return parse_config(argv).settings()
 
 
