@@ -130,6 +130,37 @@ def test_presets_parse_and_flags_override():
         organism_path("nope")
 
 
+def test_train_organism_builds_the_config_the_command_line_gives(tmp_path, monkeypatch):
+    """``locos train-organism`` builds the training configuration directly
+    (:func:`organism_config`, the flags as overrides), and the same as
+    ``python -m locos_tl.organisms.train``'s; a refused configuration exits 2 before any
+    training, with the reason."""
+    from typer.testing import CliRunner
+
+    import locos_tl.organisms.recipes as recipes
+    from locos_tl.cli import app
+    from locos_tl.errors import ConfigError
+
+    assert recipes.organism_config("retrieval-2l", steps=7, seed=3) == \
+        replace(TrainConfig(), steps=7, seed=3) == \
+        parse_args(["--steps", "7", "--seed", "3"])[0]
+    with pytest.raises(ConfigError, match="staged recipe"):
+        recipes.organism_config("retrieval-long", steps=7)
+    with pytest.raises(ConfigError, match="not a field of TrainConfig"):
+        recipes.organism_config("retrieval-2l", step=7)
+    trained = []
+    monkeypatch.setattr(recipes, "train", lambda cfg, out, log: trained.append((cfg, out))
+                        or {"seconds": 0.0, "final": {}})
+    res = CliRunner().invoke(app, ["train-organism", "--steps", "3", "--seed", "5",
+                                   "--no-card", "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    assert trained == [(replace(TrainConfig(), steps=3, seed=5), tmp_path)]
+    assert not (tmp_path / "MODEL_CARD.md").exists()
+    res = CliRunner().invoke(app, ["train-organism", "--preset", "retrieval-long",
+                                   "--steps", "3"])
+    assert res.exit_code == 2 and "staged recipe" in res.output and len(trained) == 1
+
+
 def test_valid_range_is_the_longest_run_of_passing_lengths():
     acc = {"synthetic@64": {"literal": 1.0, "nonliteral": 0.99},
            "book@64": {"literal": 1.0, "nonliteral": 0.95},

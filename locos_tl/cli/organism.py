@@ -8,11 +8,14 @@ from typing import Annotated
 import typer
 
 from locos_tl.cli import app
+from locos_tl.cli._common import ClickContext, fail, resume_command
+from locos_tl.errors import LocosError
 
 
 @app.command("train-organism",
              short_help="Train (or compile) the model organism deterministically.")
 def train_organism(
+    ctx: ClickContext,
     preset: Annotated[str, typer.Option(
         help="which organism: retrieval-2l (2 layers, prompts up to 128 tokens) or "
              "retrieval-long (3 layers, 512-2048 tokens; warm-started from retrieval-2l, "
@@ -31,28 +34,20 @@ def train_organism(
     with --compiled).
     """
     if preset not in ("retrieval-2l", "retrieval-long"):
-        typer.secho(f"error: unknown --preset {preset!r}; use retrieval-2l or retrieval-long",
-                    err=True, fg=typer.colors.RED)
-        raise typer.Exit(2)
+        fail(f"unknown --preset {preset!r}; use retrieval-2l or retrieval-long")
     if compiled and preset != "retrieval-2l":
-        typer.secho("error: --compiled builds the compiled twin of retrieval-2l only",
-                    err=True, fg=typer.colors.RED)
-        raise typer.Exit(2)
+        fail("--compiled builds the compiled twin of retrieval-2l only")
     if compiled:
         from locos_tl.organisms.compiled import build_compiled_organism
 
         typer.echo(build_compiled_organism(out, seed=0 if seed is None else seed,
                                            card=not no_card))
         return
-    argv = ["--preset", preset]
-    if out is not None:
-        argv += ["--out", str(out)]
-    if seed is not None:
-        argv += ["--seed", str(seed)]
-    if no_card:
-        argv.append("--no-card")
-    from locos_tl.organisms.recipes import main
+    from locos_tl.organisms.recipes import train_organism
 
-    if steps is not None:
-        argv += ["--steps", str(steps)]
-    raise typer.Exit(main(argv))
+    overrides = {k: v for k, v in (("seed", seed), ("steps", steps)) if v is not None}
+    try:  # the configuration is checked before any training
+        train_organism(preset, out, card=not no_card, command=resume_command(ctx),
+                       log=typer.echo, **overrides)
+    except LocosError as exc:
+        fail(exc)

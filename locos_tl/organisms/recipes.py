@@ -6,10 +6,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import asdict, replace
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
+from locos_tl.errors import ConfigError
 from locos_tl.organisms.train import _REPO, TrainConfig, _jsonable, _same_config, train
 
 
@@ -175,32 +176,81 @@ def parse_args(argv: list[str] | None = None) -> tuple[TrainConfig, argparse.Nam
     return cfg, a
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point: train, save, then (unless ``--no-card``) analyse and write the card.
+def organism_config(preset: str = "retrieval-2l", **overrides: Any) -> TrainConfig:
+    """The training configuration of ``preset`` (:data:`PRESETS`) with ``overrides``
+    (fields of :class:`TrainConfig`, e.g. ``steps=7``).
+
+    Raises:
+        ConfigError: an unknown preset or field; a staged preset (:data:`STAGES`)
+            with an override that changes its configuration (its stages fix it).
+    """
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown --preset {preset!r}; use {' or '.join(sorted(PRESETS))}")
+    base = PRESETS[preset]()
+    try:
+        cfg = replace(base, **overrides)
+    except TypeError as exc:
+        raise ConfigError(f"{exc}: not a field of TrainConfig") from None
+    if preset in STAGES and cfg != base:
+        raise ConfigError(f"--preset {preset} is a staged recipe ({len(STAGES[preset]())} "
+                          "stages); flags that change its configuration are not taken")
+    return cfg
+
+
+def train_organism(preset: str = "retrieval-2l", out: str | Path | None = None, *,
+                   card: bool = True, command: str | None = None, log=print,
+                   **overrides: Any) -> dict[str, Any]:
+    """Train an organism, save it, then (with ``card``) analyse it and write its card
+    (what ``locos train-organism`` and ``python -m locos_tl.organisms.train`` run).
 
     A staged preset (:data:`STAGES`) trains its stages under ``runs/organisms/<preset>``
-    (resumable) and takes no flag that changes its configuration.
+    (resumable) and takes no override that changes its configuration.
+
+    Args:
+        preset: a name of :data:`PRESETS`.
+        out: the output directory (default ``data/organisms/<preset>``).
+        card: write ``MODEL_CARD.md`` (the causal analysis; minutes).
+        command: the command line recorded in the card (default: this call's preset).
+        log: called with each progress line.
+        **overrides: fields of :class:`TrainConfig` (:func:`organism_config`).
+
+    Returns:
+        ``{"seconds": wall clock of training, "final": final accuracy}``.
+
+    Raises:
+        ConfigError: as :func:`organism_config`, before any training.
     """
-    cfg, a = parse_args(argv)
-    out = Path(a.out) if a.out else _REPO / "data" / "organisms" / a.preset
-    command = "python -m locos_tl.organisms.train " + " ".join(
-        sys.argv[1:] if argv is None else argv)
-    echo = lambda s: print(s, flush=True)  # noqa: E731,T201
-    if a.preset in STAGES:
-        if cfg != PRESETS[a.preset]():
-            print(f"error: --preset {a.preset} is a staged recipe "  # noqa: T201
-                  f"({len(STAGES[a.preset]())} stages); flags that change its configuration "
-                  "are not taken", file=sys.stderr)
-            return 2
-        res = train_stages(STAGES[a.preset](), out, _REPO / "runs" / "organisms" / a.preset,
-                           log=echo)
+    cfg = organism_config(preset, **overrides)
+    out = Path(out) if out else _REPO / "data" / "organisms" / preset
+    if command is None:
+        command = f"locos train-organism --preset {preset}"
+    if preset in STAGES:
+        res = train_stages(STAGES[preset](), out, _REPO / "runs" / "organisms" / preset,
+                           log=log)
     else:
-        res = train(cfg, out, log=echo)
-    print(f"trained in {res['seconds']:.0f} s; final {res['final']}", flush=True)  # noqa: T201
-    if not a.no_card:
+        res = train(cfg, out, log=log)
+    log(f"trained in {res['seconds']:.0f} s; final {res['final']}")
+    if card:
         from locos_tl.organisms.card import write_card, write_card_with_detectors
 
-        write_card(out, command=command.strip(), train_seconds=res["seconds"],
-                   progress=echo)
+        write_card(out, command=command.strip(), train_seconds=res["seconds"], progress=log)
         write_card_with_detectors(out, command=command.strip())
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m locos_tl.organisms.train``: :func:`train_organism` with the flags of
+    :func:`parse_args`; a refused configuration is printed, with exit code 2."""
+    cfg, a = parse_args(argv)
+    command = "python -m locos_tl.organisms.train " + " ".join(
+        sys.argv[1:] if argv is None else argv)
+    base = PRESETS[a.preset]()
+    changed = {f.name: getattr(cfg, f.name) for f in fields(cfg)
+               if getattr(cfg, f.name) != getattr(base, f.name)}
+    try:
+        train_organism(a.preset, a.out, card=not a.no_card, command=command,
+                       log=lambda s: print(s, flush=True), **changed)  # noqa: T201
+    except ConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)  # noqa: T201
+        return 2
     return 0
