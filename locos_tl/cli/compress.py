@@ -282,8 +282,9 @@ def compress(
     group_reduce: Annotated[str, typer.Option(
         help="kv_group unit: a group's score from its query heads, max or sum.")] = "max",
     seed: Annotated[int, typer.Option(help="Seed of the random control.")] = 0,
-    max_new_tokens: Annotated[int, typer.Option(help="Greedy decoding budget.",
-                                                min=1)] = 8,
+    max_new_tokens: Annotated[int, typer.Option(
+        help="Greedy decoding budget, in tokens (8, not scoring's 50: the answers are "
+             "names, read from the first token and a whole-word match).", min=1)] = 8,
     device: Annotated[str | None, typer.Option(help="cpu, cuda, ... (default: auto).")] = None,
     dtype: Annotated[str, typer.Option(help="float32, bfloat16, float16.")] = "float32",
     score: Annotated[str, typer.Option(

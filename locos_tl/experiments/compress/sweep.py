@@ -121,7 +121,10 @@ def compression_sweep(
         seed: seed of the random ranking (recorded in the ``seed`` column).
         allocation: allocation of every ranking without its own.
         sinks, min_recent, group_reduce: see :func:`~locos_tl.experiments.compress.kv_budgets`.
-        max_new_tokens, stop_rule: decoding settings.
+        max_new_tokens, stop_rule: decoding settings. ``max_new_tokens`` is 8 tokens by
+            default, not scoring's 50 (:class:`~locos_tl.engine.options.DecodeOptions`):
+            the answers are names and the sweep reads the first token and a whole-word
+            match, so more steps through each compressed cache only cost time.
         query_start: the question's first position for trials without
             ``meta["query_start"]`` (negative: counted from the end of the prompt).
         progress: tqdm progress bar.
