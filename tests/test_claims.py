@@ -50,7 +50,8 @@ COLUMNS = ["page", "quote", "file", "row", "column", "rounding", "derive"]
 
 #: pages whose every result-looking number must be claimed
 COVERED = ["README.md", "docs/index.md", "docs/concepts.md", "docs/real_models.md",
-           "docs/real_models_ablation.md", "docs/real_models_checks.md", "docs/elicited.md"]
+           "docs/real_models_ablation.md", "docs/real_models_checks.md", "docs/elicited.md",
+           "notebooks/05_real_models.ipynb", "notebooks/06_elicited.ipynb"]
 
 #: the number a quote ends with; its sign only where it is not a range's dash ("0.43-0.445")
 #: nor the second half of "+-"
