@@ -49,8 +49,9 @@ CLAIMS = REPO / "docs" / "claims.csv"
 COLUMNS = ["page", "quote", "file", "row", "column", "rounding", "derive"]
 
 #: pages whose every result-looking number must be claimed
-COVERED = ["README.md", "docs/index.md", "docs/concepts.md", "docs/real_models.md",
-           "docs/real_models_ablation.md", "docs/real_models_checks.md", "docs/elicited.md",
+COVERED = ["README.md", "docs/index.md", "docs/concepts.md", "docs/organisms.md",
+           "docs/real_models.md", "docs/real_models_ablation.md", "docs/real_models_checks.md",
+           "docs/elicited.md",
            "notebooks/05_real_models.ipynb", "notebooks/06_elicited.ipynb"]
 
 #: the number a quote ends with; its sign only where it is not a range's dash ("0.43-0.445")
@@ -78,7 +79,7 @@ NOT_RESULTS = {
                                   r"(?:the\s+heads|[\w.-]+'s(?:\s+heads)?)",
 }
 #: claims with no file, at most (see the module docstring)
-MAX_UNFILED = 85
+MAX_UNFILED = 87
 
 
 def page_text(page: str) -> str:
