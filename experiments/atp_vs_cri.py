@@ -6,7 +6,9 @@ same arguments), takes the trials CRI was computed on (``heads/cri``), runs
 budget, and prints the rank agreement: pooled over trials (all heads, Spearman and
 top-k overlap, as ``compare_rankings``) and per trial (Spearman of one trial's AtP
 against the same trial's CRI). Also the cost per trial. Writes
-``agreement_atp_cri.csv`` and ``atp_per_trial.csv`` into ``--publish``::
+``agreement_atp_cri.csv``, ``atp_per_trial.csv`` and these AtP scores (``atp/``) into
+``--publish`` (:func:`publish`), never into the run's ``heads/atp``: that folder holds
+the AtP of the run's detection trials, which ``extra_rankings.py`` ranks and ablates::
 
     python experiments/atp_vs_cri.py --run docs/real_models/smollm2 \\
         --publish docs/real_models/smollm2/patch
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import time
 from pathlib import Path
+from typing import Any
 
 
 def main() -> None:
@@ -37,6 +40,8 @@ def main() -> None:
     args = ap.parse_args()
 
     run, out = Path(args.run), Path(args.out)
+    if args.publish:
+        atp_folder(Path(args.publish))  # a refused folder fails before any forward pass
     cri = HeadScores.load(run / "heads" / "cri")
     settings = cri.meta["settings"]
     from published_trials import rebuild_trials, run_args
@@ -67,11 +72,46 @@ def main() -> None:
     print(f"AtP: {seconds / max(1, len(subset)):.2f} s per trial "  # noqa: T201
           f"({len(subset)} trials, including a resumed run's reuse)")
     if args.publish:
-        dest = Path(args.publish)
-        dest.mkdir(parents=True, exist_ok=True)
-        pooled.to_csv(dest / "agreement_atp_cri.csv", index=False)
-        per_trial.to_csv(dest / "atp_per_trial.csv", index=False)
-        atp.save(run / "heads" / "atp")
+        publish(Path(args.publish), pooled, per_trial, atp)
+
+
+def publish(dest: Path, pooled: Any, per_trial: Any, atp: Any) -> Path:
+    """Write the comparison into ``dest`` (the run's ``patch/``): the pooled agreement
+    (``agreement_atp_cri.csv``), the per-trial Spearman (``atp_per_trial.csv``) and the
+    AtP scores over the CRI trials (``dest/atp/``: ``head_scores.json``, ``heads.json``,
+    ``scores.csv``).
+
+    Args:
+        dest: the folder to publish into.
+        pooled, per_trial: pandas tables, as :func:`main` prints them.
+        atp: the ``HeadScores`` of AtP over the CRI trials.
+
+    Returns:
+        The folder the AtP scores went to, ``dest/atp``.
+
+    Raises:
+        ValueError: ``dest`` is a ``heads`` folder, whose ``atp`` holds the AtP of the
+            run's detection trials, the scores ``extra_rankings.py`` ablated.
+    """
+    folder = atp_folder(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    pooled.to_csv(dest / "agreement_atp_cri.csv", index=False)
+    per_trial.to_csv(dest / "atp_per_trial.csv", index=False)
+    atp.save(folder)
+    return folder
+
+
+def atp_folder(dest: Path) -> Path:
+    """Where :func:`publish` saves the AtP scores over the CRI trials: ``dest/atp``.
+
+    Raises:
+        ValueError: ``dest`` is a ``heads`` folder, whose ``atp`` holds the AtP of the
+            run's detection trials, the scores ``extra_rankings.py`` ablated.
+    """
+    if dest.name == "heads":
+        raise ValueError(f"--publish {dest}: a heads folder, whose atp is the AtP of the "
+                         "run's detection trials; publish into the run's patch/ folder")
+    return dest / "atp"
 
 
 if __name__ == "__main__":

@@ -382,3 +382,42 @@ def test_frozen_cache_returns_an_update_s_states_and_stores_nothing(windowed) ->
             torch.testing.assert_close(got[1], want[1], rtol=0, atol=0)
         torch.testing.assert_close(layer.keys, before[i][0], rtol=0, atol=0)
         torch.testing.assert_close(layer.values, before[i][1], rtol=0, atol=0)
+
+
+def test_atp_vs_cri_publishes_its_scores_beside_the_comparison_not_over_heads_atp(tmp_path):
+    """experiments/atp_vs_cri.py saves AtP over the CRI trials in ``<publish>/atp``: a
+    run's ``heads/atp`` (AtP of its detection trials, the scores extra_rankings.py
+    ablates) keeps its trials and scores, and a ``heads`` folder is refused."""
+    import importlib.util
+
+    import pandas as pd
+
+    from locos_tl.heads import HeadScores
+
+    script = Path(__file__).resolve().parents[1] / "experiments" / "atp_vs_cri.py"
+    spec = importlib.util.spec_from_file_location("atp_vs_cri", script)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(0)
+    run = tmp_path / "run"
+    detection = HeadScores("atp", torch.randn(5, 2, 3, generator=g, dtype=torch.float64),
+                           trial_ids=[f"d{i}" for i in range(5)])
+    detection.save(run / "heads" / "atp")
+    on_cri = HeadScores("atp", torch.randn(2, 2, 3, generator=g, dtype=torch.float64),
+                        trial_ids=["d1", "d3"])
+    pooled = pd.DataFrame({"bucket": ["all"], "spearman": [0.5]})
+    per_trial = pd.DataFrame({"trial_id": ["d1", "d3"], "spearman": [0.25, 0.75]})
+    folder = mod.publish(run / "patch", pooled, per_trial, on_cri)
+    assert folder == run / "patch" / "atp"
+    kept = HeadScores.load(run / "heads" / "atp")
+    assert kept.trial_ids == detection.trial_ids
+    torch.testing.assert_close(kept.trial_scores, detection.trial_scores, rtol=0, atol=0)
+    saved = HeadScores.load(folder)
+    assert saved.trial_ids == ["d1", "d3"]
+    torch.testing.assert_close(saved.trial_scores, on_cri.trial_scores, rtol=0, atol=0)
+    assert pd.read_csv(run / "patch" / "atp_per_trial.csv")["spearman"].tolist() == [0.25, 0.75]
+    assert pd.read_csv(run / "patch" / "agreement_atp_cri.csv")["spearman"].tolist() == [0.5]
+    with pytest.raises(ValueError, match="heads folder, whose atp is the AtP of the run's "
+                                         "detection trials"):
+        mod.publish(run / "heads", pooled, per_trial, on_cri)
+    assert HeadScores.load(run / "heads" / "atp").trial_ids == detection.trial_ids
