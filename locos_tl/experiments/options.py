@@ -80,7 +80,7 @@ class AblationOptions(Options):
     name_margin: bool | None = None
     reuse_prefix: bool = True
     prefix_bytes: int = DEFAULT_PREFIX_BYTES
-    ci: float | None = 0.95
+    ci: float | int | None = 0.95  # an int (95) is refused by check_confidence, not the type
     decode: DecodeOptions = dataclasses.field(default_factory=lambda: ABLATION_DECODE)
 
     def __post_init__(self) -> None:
