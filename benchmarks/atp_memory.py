@@ -25,13 +25,7 @@ import subprocess
 import sys
 import time
 
-
-def _rss_mb() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+from bench_scoring import _rss_mb  # beside this script: the resident set in MB
 
 
 def child(mode: str, n: int) -> None:
